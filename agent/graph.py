@@ -1,0 +1,26 @@
+"""The Plan → Research (loop with tools) → Review → Answer graph. Assembly only; the logic lives in the nodes."""
+
+from __future__ import annotations
+
+from langgraph.graph import START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+
+from agent.deps import AgentDeps
+from agent.nodes.answer import answer
+from agent.nodes.plan import plan
+from agent.nodes.research import research
+from agent.nodes.review import review
+from agent.nodes.tools import tools
+from agent.state import ResearchState
+
+
+def build_graph() -> CompiledStateGraph:  # type: ignore[type-arg]
+    """Compile the research graph; routing is done by each node's Command."""
+    g = StateGraph(ResearchState, context_schema=AgentDeps)
+    g.add_node("plan", plan)
+    g.add_node("research", research)
+    g.add_node("tools", tools)
+    g.add_node("review", review)
+    g.add_node("answer", answer)
+    g.add_edge(START, "plan")
+    return g.compile()

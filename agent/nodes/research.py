@@ -1,0 +1,58 @@
+"""Research: think, evaluate the evidence, then call a tool, or review, or (wrongly) answer."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+
+from agent.deps import AgentDeps
+from agent.parse import CallParseError, parse_tool_call
+from agent.sequence import SequenceWriter
+from agent.state import ResearchState
+
+CALL_STOPS = ("</call_tool>", "</call>")
+STOPS = (*CALL_STOPS, "</review>", "</answer>")  # vLLM allows at most 4 stop strings
+TOOL_OUTPUT_RESERVE = 1024  # tokens kept free for the next tool output
+WALL_CLOCK_RESEARCH_SHARE = 0.7  # past this share of the wall-clock budget, stop researching and write
+
+
+def _out_of_room(w: SequenceWriter, deps: AgentDeps) -> str | None:
+    caps = deps.options.token_caps
+    need = caps.research + TOOL_OUTPUT_RESERVE + caps.review + caps.answer
+    if w.tokens_used() + need > deps.options.context_tokens:
+        return "context"
+    if deps.elapsed() > WALL_CLOCK_RESEARCH_SHARE * deps.options.wall_clock_s:
+        return "time"
+    return None
+
+
+async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[Literal["tools", "review", "answer"]]:
+    """One research turn; the recorded stage is `review` when the turn itself closes </review>."""
+    deps = runtime.context
+    w = SequenceWriter(deps, state["prompt"], state.get("turns", []))
+    n_calls = state.get("n_tool_calls", 0)
+    reason = "budget" if n_calls >= deps.options.max_tool_calls else _out_of_room(w, deps)
+    if reason:
+        deps.recorder.event("research_stopped", {"reason": reason, "tool_calls": n_calls})
+        return Command(goto="review")
+    deps.recorder.event("stage", {"stage": "research", "turn": n_calls + 1})
+    gen = await w.sample("research", STOPS, deps.options.token_caps.research)
+    if gen.stop in CALL_STOPS:
+        await w.keep_closed("research", gen, gen.stop)
+        try:
+            call, error = parse_tool_call(gen.text), None
+        except CallParseError as exc:
+            call, error = None, str(exc)
+        return Command(goto="tools", update={"turns": w.new, "pending_call": call, "pending_call_error": error})
+    if gen.stop == "</review>":
+        # The model reviewed in this turn (path B): from its last <think> on, this is Stage 3 (METHOD §5.1).
+        await w.keep_closed("review", gen, "</review>")
+        return Command(goto="answer", update={"turns": w.new})
+    if gen.stop == "</answer>":
+        # An answer without a review: drop it; the review node forces <review> first.
+        deps.recorder.event("dropped", {"stage": "research", "reason": "answer before review"})
+        return Command(goto="review")
+    w.keep("research", gen)  # EOS or length: keep what was said, then review
+    return Command(goto="review", update={"turns": w.new})

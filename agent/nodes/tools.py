@@ -1,0 +1,86 @@
+"""Tools: run the parsed call and append <tool_output> (masked). A failing tool becomes text the model can read."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+from typing import Literal
+
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+
+from agent.deps import AgentDeps
+from agent.errors import ToolError
+from agent.parse import ParsedCall
+from agent.sequence import SequenceWriter
+from agent.state import ResearchState
+from agent.tools.registry import resolve_tool_name
+from store.records import Snippet, ToolCallRecord
+
+MAX_QUERY_CHARS = 2000
+
+
+def render_output(snippets: tuple[Snippet, ...] | list[Snippet], error: str | None) -> str:
+    """The `<tool_output>` block the model reads (DR Tulu format: `<snippet id=...>` / `<webpage id=...>`)."""
+    if error is not None:
+        return f"\n<tool_output>\nError: {error}\n</tool_output>\n"
+    if not snippets:
+        return "\n<tool_output>\nNo results.\n</tool_output>\n"
+    parts = []
+    for s in snippets:
+        tag = "webpage" if s.tool == "browse_webpage" else "snippet"
+        title = f"Title: {s.title}\n" if s.title else ""
+        parts.append(f'<{tag} id="{s.id}">\n{title}{html.escape(s.text, quote=False)}\n</{tag}>')
+    return "\n<tool_output>\n" + "\n".join(parts) + "\n</tool_output>\n"
+
+
+async def _execute(call: ParsedCall, deps: AgentDeps) -> tuple[str, tuple[Snippet, ...], str | None]:
+    name = resolve_tool_name(call.name, deps.tools)
+    if name is None:
+        offered = ", ".join(sorted(deps.tools)) or "none"
+        return call.name, (), f"unknown tool {call.name!r}; available tools: {offered}"
+    if not call.query:
+        return name, (), "empty query; put the query between <call_tool ...> and </call_tool>"
+    if len(call.query) > MAX_QUERY_CHARS:
+        return name, (), f"query too long ({len(call.query)} characters, at most {MAX_QUERY_CHARS})"
+    timeout = max(1.0, min(deps.remaining(), 120.0))
+    try:
+        found = await asyncio.wait_for(deps.tools[name](call.query, call.attrs, deps.call_ids()), timeout=timeout)
+    except ToolError as exc:
+        return name, (), str(exc) or type(exc).__name__
+    except TimeoutError:
+        return name, (), f"the tool did not answer within {timeout:.0f} s"
+    return name, tuple(found), None
+
+
+async def tools(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[Literal["research"]]:
+    """Execute the pending call (or report why it could not be read) and append the tool output."""
+    deps = runtime.context
+    w = SequenceWriter(deps, state["prompt"], state.get("turns", []))
+    call = state.get("pending_call")
+    started = deps.clock()
+    if call is None:
+        record = ToolCallRecord(tool="", query="", error=state.get("pending_call_error") or "no tool call found")
+    else:
+        deps.recorder.event("search", {"tool": call.name, "query": call.query})
+        name, snippets, error = await _execute(call, deps)
+        record = ToolCallRecord(
+            tool=name, query=call.query, attrs=dict(call.attrs), snippets=snippets, error=error,
+            seconds=round(deps.clock() - started, 3),
+        )
+    await w.insert("research", render_output(record.snippets, record.error), kind="tool_output")
+    deps.recorder.tool_call(record)
+    deps.recorder.event("search_done", {"tool": record.tool, "results": len(record.snippets), "error": record.error})
+    errors = state.get("consecutive_tool_errors", 0) + 1 if record.error else 0
+    return Command(
+        goto="research",
+        update={
+            "turns": w.new,
+            "tool_calls": [record],
+            "pending_call": None,
+            "pending_call_error": None,
+            "n_tool_calls": state.get("n_tool_calls", 0) + 1,
+            "consecutive_tool_errors": errors,
+            "max_consecutive_tool_errors": max(errors, state.get("max_consecutive_tool_errors", 0)),
+        },
+    )

@@ -1,0 +1,128 @@
+"""Reading the scaffold's tags: tool calls, answers, citations (METHOD §3, §4.1, D1).
+
+Parsing here only *reads* text (which tool, which query, which cites). Which tokens belong to which stage is decided
+when turns are recorded, never by re-parsing (STYLE §3).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# Main-text tag names accepted as aliases of the canonical appendix names (METHOD D1).
+TAG_ALIASES = {"analysis": "deep_analysis", "rubrics": "rubric", "rubrics_review": "rubric_review", "call": "call_tool"}
+
+_ATTR = re.compile(r'(\w+)\s*=\s*"([^"]*)"')  # DR Tulu's attribute regex, whitespace-tolerant
+_CALL_OPEN = re.compile(r"<(call_tool|call)\b([^>]*)>", re.IGNORECASE)
+_CITE = re.compile(r"<cite\s+id\s*=\s*[\"']?([^\"'>]*)[\"']?\s*>(.*?)</cite>", re.IGNORECASE | re.DOTALL)
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"</?[A-Za-z_][\w:-]*(\s[^<>]*)?/?>")
+_ANSWER = re.compile(r"<answer>(.*?)(</answer>|$)", re.IGNORECASE | re.DOTALL)
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def canonical_tag(name: str) -> str:
+    """Map a tag name (any case, main-text alias or canonical) to its canonical name."""
+    low = name.lower()
+    return TAG_ALIASES.get(low, low)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedCall:
+    """A tool call read from `<call_tool name="..." attr="...">argument</call_tool>`."""
+
+    name: str
+    query: str
+    attrs: dict[str, str] = field(default_factory=dict)
+
+
+class CallParseError(ValueError):
+    """The text that ended with a tool-call stop holds no readable call."""
+
+
+def parse_tool_call(text: str) -> ParsedCall:
+    """Read the LAST tool call opened in `text` (the closing tag may be absent: servers drop stop strings).
+
+    Raises:
+        CallParseError: no `<call_tool ...>` opening, or no `name` attribute.
+    """
+    opens = list(_CALL_OPEN.finditer(text))
+    if not opens:
+        raise CallParseError("no <call_tool name=\"...\"> opening tag found before </call_tool>")
+    last = opens[-1]
+    attrs = {k.lower(): v.strip() for k, v in _ATTR.findall(last.group(2))}
+    name = attrs.pop("name", "").strip()
+    if not name:
+        raise CallParseError('the <call_tool> tag has no name="..." attribute')
+    body = text[last.end():]
+    body = re.split(r"</call_tool>|</call>", body, maxsplit=1, flags=re.IGNORECASE)[0]
+    return ParsedCall(name=name, query=body.strip(), attrs=attrs)
+
+
+@dataclass(frozen=True, slots=True)
+class Citation:
+    """One `<cite>` occurrence: the ids it names and the claim it wraps."""
+
+    ids: tuple[str, ...]
+    claim: str
+
+
+def split_ids(raw: str) -> tuple[str, ...]:
+    """`"a-0, b-1"` -> `("a-0", "b-1")`; empty parts dropped."""
+    return tuple(p.strip() for p in re.split(r"[,\s]+", raw) if p.strip())
+
+
+def extract_answer(text: str) -> str:
+    """The body of the last `<answer>` block (an unclosed block runs to the end); "" if there is none."""
+    matches = list(_ANSWER.finditer(text))
+    return matches[-1].group(1) if matches else ""
+
+
+def find_citations(answer: str) -> list[Citation]:
+    """All `<cite id=...>claim</cite>` in order."""
+    return [Citation(split_ids(m.group(1)), m.group(2).strip()) for m in _CITE.finditer(answer)]
+
+
+def strip_think(text: str) -> str:
+    """Remove `<think>...</think>` blocks (and an unclosed trailing one)."""
+    return _THINK.sub("", text)
+
+
+def strip_tags(text: str) -> str:
+    """Remove any remaining XML-like tags, keeping their inner text."""
+    return _TAG.sub("", text)
+
+
+def boxed(text: str) -> str | None:
+    r"""The content of the last `\boxed{...}` (exact-answer format), if any."""
+    found = _BOXED.findall(text)
+    return found[-1].strip() if found else None
+
+
+def replace_citations(answer: str, number_of: dict[str, int]) -> tuple[str, int, list[str]]:
+    """Turn `<cite id=...>claim</cite>` into `claim [n]` markers.
+
+    Args:
+        answer: the answer body.
+        number_of: known snippet id -> reference number (ids absent from it are unknown).
+
+    Returns:
+        (text, number of unknown ids removed, known ids in order of first use)
+    """
+    unknown = 0
+    used: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        nonlocal unknown
+        claim = m.group(2).strip()
+        marks = []
+        for cid in split_ids(m.group(1)):
+            if cid in number_of:
+                if cid not in used:
+                    used.append(cid)
+                marks.append(f"[{number_of[cid]}]")
+            else:
+                unknown += 1
+        return claim + (" " + "".join(dict.fromkeys(marks)) if marks else "")
+
+    return _CITE.sub(sub, answer), unknown, used

@@ -1,0 +1,596 @@
+"""HTTP policy clients: vLLM's OpenAI server (token-id prompts, exact token ids) and llama-cpp-python's (text only).
+
+Both normalise a completion to `agent.protocols.Generation`, retry transient failures with backoff and map the rest to
+the typed errors of `agent.errors`. Pure httpx; no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import math
+import random
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from agent.errors import (
+    ContextTooLong,
+    PolicyError,
+    PolicyRateLimited,
+    PolicyRequestError,
+    PolicyTimeout,
+    PolicyUnavailable,
+)
+from agent.protocols import ChatMessage, Generation, PromptContext
+from store.records import FinishReason, TokenSource
+
+log = logging.getLogger(__name__)
+
+VLLM_MAX_STOP_STRINGS = 4  # vLLM's VLLM_MAX_STOP_STRINGS default; more gets a 400
+SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+# Phrases servers use when the prompt does not fit (vLLM 400 messages, llama-cpp-python's "context_length_exceeded").
+_CONTEXT_PATTERNS = re.compile(
+    r"maximum context length|maximum model length|context window|context_length_exceeded|prompt is too long"
+    r"|is longer than the maximum",
+    re.IGNORECASE,
+)
+_FINISH_REASONS: Mapping[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    "repetition": "length",  # vLLM's repetition detector cut it: a limit, not the model's own end
+    "error": "error",
+}
+
+
+def _check_generate_args(stop: Sequence[str], max_tokens: int, temperature: float) -> list[str]:
+    if isinstance(stop, str):
+        raise ValueError("stop must be a sequence of strings, not a single string")
+    stops = list(stop)
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise ValueError("stop strings must be non-empty strings")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive integer, not {max_tokens!r}")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, not {temperature!r}")
+    return stops
+
+
+def _smallest_spelling_prefix(pieces: Sequence[str], text: str) -> int | None:
+    """The smallest k with `"".join(pieces[:k]) == text`, or None when no prefix of the pieces spells `text`."""
+    if text == "":
+        return 0
+    acc = ""
+    for k, piece in enumerate(pieces, start=1):
+        acc += piece
+        if acc == text:
+            return k
+        if len(acc) >= len(text):
+            return None
+    return None
+
+
+class _HTTPPolicyBase:
+    """Shared transport: one `httpx.AsyncClient`, retries with backoff and jitter, error mapping."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        max_retries: int = 4,
+        transport: httpx.AsyncBaseTransport | None = None,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+    ) -> None:
+        root = base_url.rstrip("/")
+        if not root.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL, not {base_url!r}")
+        if root.endswith("/v1"):
+            raise ValueError("base_url is the server root; drop the trailing /v1 (the client adds it)")
+        if not model:
+            raise ValueError("model (the served alias) must not be empty")
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        self._model = model
+        self._max_retries = int(max_retries)
+        self._backoff_s = float(backoff_s)
+        self._backoff_max_s = float(backoff_max_s)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # The key lives only in this header; it is never logged or put in an error message.
+        self._http = httpx.AsyncClient(
+            base_url=root, timeout=httpx.Timeout(timeout_s), transport=transport, headers=headers
+        )
+
+    @property
+    def policy_version(self) -> str:
+        """The served alias sent as `model`; it names the policy version that answers the next request."""
+        return self._model
+
+    @property
+    def model(self) -> str:
+        """The served model/adapter alias."""
+        return self._model
+
+    def set_model(self, alias: str) -> None:
+        """Switch the served alias for later requests (a request in flight keeps the alias it started with)."""
+        if not alias:
+            raise ValueError("alias must not be empty")
+        self._model = alias
+
+    async def aclose(self) -> None:
+        """Close the connection pool. Idempotent."""
+        await self._http.aclose()
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self._backoff_max_s)
+        cap = min(self._backoff_max_s, self._backoff_s * (2**attempt))
+        return cap / 2 + random.uniform(0, cap / 2)  # "equal jitter": never zero, spreads concurrent retries
+
+    async def _post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST JSON with retries on 429, 5xx, connection errors and timeouts; return the decoded JSON object."""
+        last: PolicyError | None = None
+        for attempt in range(self._max_retries + 1):
+            retry_after: float | None = None
+            started = time.monotonic()
+            try:
+                resp = await self._http.post(path, json=body)
+            except httpx.TimeoutException as exc:
+                last = PolicyTimeout(f"POST {path}: no answer within the timeout ({type(exc).__name__})")
+            except httpx.TransportError as exc:
+                last = PolicyUnavailable(f"POST {path}: cannot reach the policy server ({type(exc).__name__}: {exc})")
+            else:
+                status = resp.status_code
+                log.debug("POST %s -> %d in %.2fs", path, status, time.monotonic() - started)
+                if status < 400:
+                    return self._decode(path, resp)
+                message, code = _error_details(resp)
+                if status == 429:
+                    last = PolicyRateLimited(f"POST {path}: rate limited (429): {message}")
+                    retry_after = _retry_after(resp)
+                elif status >= 500:
+                    last = PolicyUnavailable(f"POST {path}: server error {status}: {message}")
+                elif _CONTEXT_PATTERNS.search(message) or code == "context_length_exceeded":
+                    raise ContextTooLong(f"POST {path}: {message}")
+                else:
+                    raise PolicyRequestError(f"POST {path}: {status}: {message}", status_code=status)
+            if attempt < self._max_retries:
+                delay = self._delay(attempt, retry_after)
+                log.warning("policy request %s failed (%s); retry %d in %.2fs", path, last, attempt + 1, delay)
+                await asyncio.sleep(delay)
+        assert last is not None
+        raise last
+
+    @staticmethod
+    def _decode(path: str, resp: httpx.Response) -> dict[str, Any]:
+        try:
+            data = resp.json()
+        except ValueError as exc:
+            raise PolicyUnavailable(f"POST {path}: the server answered {resp.status_code} with a non-JSON body") from exc
+        if not isinstance(data, dict):
+            raise PolicyUnavailable(f"POST {path}: expected a JSON object, got {type(data).__name__}")
+        return data
+
+
+def _error_details(resp: httpx.Response) -> tuple[str, str | None]:
+    """The error message and code from an OpenAI-style `{"error": {...}}`, FastAPI `{"detail": ...}` or plain body."""
+    try:
+        data = resp.json()
+    except ValueError:
+        return resp.text[:500] or resp.reason_phrase, None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict):
+            code = err.get("code")
+            kind = err.get("type")
+            message = str(err.get("message") or kind or err)
+            return message[:2000], str(code) if isinstance(code, str) else (str(kind) if kind else None)
+        if isinstance(err, str):
+            return err[:2000], None
+        if "detail" in data:
+            return str(data["detail"])[:2000], None
+    return str(data)[:2000], None
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        return None if parsed is None else max(0.0, parsed.timestamp() - time.time())
+
+
+def _finish_reason(value: object) -> FinishReason:
+    return _FINISH_REASONS.get(str(value), "error") if value is not None else "error"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# vLLM
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class VLLMPolicyClient(_HTTPPolicyBase):
+    """`PolicyClient` for vLLM's OpenAI-compatible server (API_FACTS.md §1, §3).
+
+    Prompts are sent as token ids to `/v1/completions`, so the assistant sequence is exactly what was sampled. vLLM
+    returns the ids of the tokens that spelled a stop string and the EOS id too (`return_token_ids`); the client cuts
+    them off so that `token_ids`/`logprobs` cover exactly `text`:
+
+    * EOS or a stop token id (`finish_reason` "stop", `stop_reason` null or int): the last id is dropped.
+    * A stop string: the boundary is the smallest k for which the returned per-token strings
+      (`logprobs.tokens`) spell `text`, confirmed with one `/detokenize` call. If the strings do not line up
+      (a token split across a UTF-8 character, or a token that straddles the stop string's start), the client asks
+      `/detokenize` for the longest token prefix that is a prefix of `text`. A straddling token is dropped, and so
+      are the characters it contributed before the stop string: `text` is always the decoding of `token_ids`.
+    * `max_tokens` reached: every id is kept.
+
+    Logprobs are vLLM's defaults: raw (before temperature) unless the server runs with
+    `--logprobs-mode processed_logprobs`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        max_retries: int = 4,
+        transport: httpx.AsyncBaseTransport | None = None,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+    ) -> None:
+        """Create the client (no request is made).
+
+        Args:
+            base_url: server root, e.g. "http://127.0.0.1:8000" (no /v1).
+            model: the served model or LoRA alias sent as `model`; it is the policy version.
+            api_key: sent as `Authorization: Bearer`; never logged.
+            timeout_s: per-request timeout.
+            max_retries: retries on 429, 5xx, connection errors and timeouts.
+            transport: an httpx transport (tests inject one).
+            backoff_s: first retry delay (doubles each retry, with jitter), capped by `backoff_max_s`.
+        """
+        super().__init__(base_url, model, api_key, timeout_s, max_retries, transport, backoff_s, backoff_max_s)
+        self._max_model_len: int | None = None
+
+    async def render_prompt(self, messages: Sequence[ChatMessage]) -> PromptContext:
+        """Render with the server's chat template (`/tokenize` chat form) and detokenize the ids for the text."""
+        if not messages:
+            raise ValueError("render_prompt needs at least one message")
+        data = await self._post(
+            "/tokenize",
+            {
+                "model": self._model,
+                "messages": [{"role": m.role, "content": m.content} for m in messages],
+                "add_generation_prompt": True,
+                "add_special_tokens": False,
+            },
+        )
+        ids = self._read_tokens(data)
+        text = await self._detokenize(ids)
+        return PromptContext(text=text, token_ids=ids)
+
+    async def tokenize(self, text: str) -> tuple[int, ...]:
+        """Tokenize inserted text with the served tokenizer, without special tokens."""
+        if not text:
+            return ()
+        data = await self._post("/tokenize", {"model": self._model, "prompt": text, "add_special_tokens": False})
+        return self._read_tokens(data)
+
+    async def generate(
+        self,
+        context: PromptContext,
+        *,
+        stop: Sequence[str],
+        max_tokens: int,
+        temperature: float,
+        seed: int | None = None,
+    ) -> Generation:
+        """Sample a continuation of `context` (sent as token ids; as text only when it has no ids).
+
+        Raises:
+            ValueError: more than 4 stop strings (vLLM's limit), an empty stop string or prompt, bad numbers.
+            ContextTooLong: the prompt does not fit the served context window.
+            PolicyTimeout, PolicyUnavailable, PolicyRateLimited, PolicyRequestError: see `agent.errors`.
+        """
+        stops = _check_generate_args(stop, max_tokens, temperature)
+        if len(stops) > VLLM_MAX_STOP_STRINGS:
+            raise ValueError(f"vLLM accepts at most {VLLM_MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        prompt: list[int] | str = [int(i) for i in context.token_ids] or context.text
+        if not prompt:
+            raise ValueError("generate needs a non-empty prompt")
+        if self._max_model_len is not None and isinstance(prompt, list) and len(prompt) >= self._max_model_len:
+            raise ContextTooLong(f"prompt has {len(prompt)} tokens; the served context window is {self._max_model_len}")
+        alias = self._model  # the alias this request is served by, even if set_model() runs meanwhile
+        body: dict[str, Any] = {
+            "model": alias,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": float(temperature),
+            "top_p": 1.0,
+            "n": 1,
+            "stop": stops,
+            "include_stop_str_in_output": False,
+            "logprobs": 1,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if seed is not None:
+            body["seed"] = int(seed)
+        data = await self._post("/v1/completions", body)
+        choice = _first_choice(data)
+        return await self._normalise(choice, alias)
+
+    async def _normalise(self, choice: Mapping[str, Any], alias: str) -> Generation:
+        text = choice.get("text")
+        if not isinstance(text, str):
+            raise PolicyUnavailable("completion choice has no text")
+        finish = _finish_reason(choice.get("finish_reason"))
+        stop_reason = choice.get("stop_reason")
+        stop = stop_reason if finish == "stop" and isinstance(stop_reason, str) else None
+        pieces, lps = _legacy_logprobs(choice.get("logprobs"))
+        raw_ids = choice.get("token_ids")
+        if not isinstance(raw_ids, list):
+            # An older server without return_token_ids: tokenize the text; logprobs only when they line up.
+            ids = await self.tokenize(text)
+            k = _smallest_spelling_prefix(pieces, text) if pieces is not None else None
+            aligned = lps if (k is not None and k == len(ids) and lps is not None) else None
+            return _generation(text, ids, aligned[:k] if aligned else (), finish, stop, alias, "retokenized")
+        ids = tuple(int(i) for i in raw_ids)
+        if lps is not None and len(lps) != len(ids):
+            pieces, lps = None, None
+        if stop is not None:
+            cut = await self._cut_stop_string(ids, pieces, text, stop)
+            if cut is None:  # the ids do not decode to the text at all: fall back to the text alone
+                return _generation(text, await self.tokenize(text), (), finish, stop, alias, "retokenized")
+            keep, text = cut
+        elif finish == "stop" and ids:
+            keep = len(ids) - 1  # EOS or a stop_token_ids hit: the id is returned, its text is not
+        else:
+            keep = len(ids)
+        logprobs = tuple(lps[:keep]) if lps is not None else ()
+        return _generation(text, ids[:keep], logprobs, finish, stop, alias, "server")
+
+    async def _cut_stop_string(
+        self, ids: tuple[int, ...], pieces: list[str] | None, text: str, stop: str
+    ) -> tuple[int, str] | None:
+        """How many ids spell `text` (the rest spelled the stop string) and the text they decode to; None if none do."""
+        if pieces is not None and "\ufffd" not in "".join(pieces):
+            k = _smallest_spelling_prefix(pieces, text)
+            if k is not None and await self._detokenize(ids[:k]) == text:
+                return k, text
+        # The last id completed the stop string, so it is never part of the text. Every id after the boundary starts
+        # inside the stop string's bytes, so the boundary is at most len(stop bytes) ids back: walk back that far.
+        lowest = max(0, len(ids) - len(stop.encode("utf-8")) - 2)
+        for k in range(len(ids) - 1, lowest - 1, -1):
+            decoded = await self._detokenize(ids[:k]) if k else ""
+            if text.startswith(decoded):
+                return k, decoded
+        return None
+
+    async def _detokenize(self, ids: Sequence[int]) -> str:
+        if not ids:
+            return ""
+        data = await self._post("/detokenize", {"model": self._model, "tokens": list(ids)})
+        text = data.get("prompt")
+        if not isinstance(text, str):
+            raise PolicyUnavailable("/detokenize answered without a `prompt` string")
+        return text
+
+    def _read_tokens(self, data: Mapping[str, Any]) -> tuple[int, ...]:
+        tokens = data.get("tokens")
+        if not isinstance(tokens, list):
+            raise PolicyUnavailable("/tokenize answered without a `tokens` list")
+        max_len = data.get("max_model_len")
+        if isinstance(max_len, int) and max_len > 0:
+            self._max_model_len = max_len
+        return tuple(int(t) for t in tokens)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# llama-cpp-python server
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def render_chatml(messages: Sequence[ChatMessage], default_system: str | None = SMOLLM2_DEFAULT_SYSTEM) -> str:
+    """Render messages the way SmolLM2's chat template does, with the assistant generation prompt.
+
+    `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then `<|im_start|>assistant\\n`. When the first message
+    is not a system message, `default_system` (SmolLM2's own default) is put first, as the template does; pass None to
+    leave it out.
+    """
+    parts: list[str] = []
+    if default_system is not None and (not messages or messages[0].role != "system"):
+        parts.append(f"<|im_start|>system\n{default_system}<|im_end|>\n")
+    parts.extend(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in messages)
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+class LlamaCppPolicyClient(_HTTPPolicyBase):
+    """`PolicyClient` for llama-cpp-python's OpenAI-compatible server (API_FACTS.md §7): the CPU dev/test path.
+
+    That server takes text prompts only, returns no token ids and no stop reason, and drops the stop string from the
+    text. The client therefore:
+
+    * renders ChatML itself (`render_chatml`) and tokenizes it with `/extras/tokenize`. That endpoint parses special
+      tokens and adds BOS only when the GGUF asks for it (SmolLM2 does not); whatever it adds to an empty string is
+      stripped from `tokenize()` results, so inserted text never carries a BOS.
+    * finds the stop string that ended a generation with the server's own rule: it cuts at the first stop string *in
+      list order* that occurs in the decoded continuation. The per-token strings in `logprobs.tokens` cover every
+      sampled token, including those that spelled the stop string (not the EOS). If those strings spell `text`
+      followed by more characters, the matched stop is the first listed stop string whose first occurrence in the
+      joined strings starts right where `text` ends. If nothing follows `text` the model emitted EOS (`stop` = None).
+      When the strings do not spell `text` (e.g. a UTF-8 character split across tokens) the stop is unknown: None.
+    * gets `token_ids` by tokenizing the returned text (`token_source="retokenized"`): approximate, never to be
+      trained on as sampled ids. `logprobs` are kept only when the tokens that spell `text` are exactly as many as
+      the retokenized ids; otherwise they are left empty.
+
+    Logprobs are llama.cpp's raw ones (log-softmax of the logits before temperature).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "smollm2",
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        max_retries: int = 4,
+        transport: httpx.AsyncBaseTransport | None = None,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        default_system: str | None = SMOLLM2_DEFAULT_SYSTEM,
+    ) -> None:
+        """Create the client (no request is made).
+
+        Args:
+            base_url: server root, e.g. "http://127.0.0.1:8002" (no /v1).
+            model: the `--model_alias` the server was started with; it is the policy version.
+            default_system: system prompt the template injects when the messages have none (SmolLM2's default).
+            Other arguments as for `VLLMPolicyClient`.
+        """
+        super().__init__(base_url, model, api_key, timeout_s, max_retries, transport, backoff_s, backoff_max_s)
+        self._default_system = default_system
+        self._implicit_prefix: tuple[int, ...] | None = None
+
+    async def render_prompt(self, messages: Sequence[ChatMessage]) -> PromptContext:
+        """Render ChatML in the client and tokenize it exactly as the server will tokenize the prompt text."""
+        if not messages:
+            raise ValueError("render_prompt needs at least one message")
+        text = render_chatml(messages, self._default_system)
+        return PromptContext(text=text, token_ids=await self._tokenize_raw(text))
+
+    async def tokenize(self, text: str) -> tuple[int, ...]:
+        """Tokenize inserted text; a BOS the server adds by itself is stripped."""
+        if not text:
+            return ()
+        prefix = await self._prefix()
+        ids = await self._tokenize_raw(text)
+        return ids[len(prefix) :] if prefix and ids[: len(prefix)] == prefix else ids
+
+    async def generate(
+        self,
+        context: PromptContext,
+        *,
+        stop: Sequence[str],
+        max_tokens: int,
+        temperature: float,
+        seed: int | None = None,
+    ) -> Generation:
+        """Sample a continuation of `context.text` (the server takes no token ids).
+
+        Raises:
+            ValueError: an empty prompt or stop string, bad numbers.
+            ContextTooLong, PolicyTimeout, PolicyUnavailable, PolicyRateLimited, PolicyRequestError.
+        """
+        stops = _check_generate_args(stop, max_tokens, temperature)
+        if not context.text:
+            raise ValueError("generate needs a non-empty prompt text (the llama.cpp server takes no token ids)")
+        alias = self._model
+        body: dict[str, Any] = {
+            "model": alias,
+            "prompt": context.text,
+            "max_tokens": max_tokens,  # >= 1 checked: the server reads <= 0 as "until the context is full"
+            "temperature": float(temperature),
+            "top_p": 1.0,
+            "stop": stops,
+            "logprobs": 1,
+        }
+        if seed is not None:
+            body["seed"] = int(seed)
+        data = await self._post("/v1/completions", body)
+        choice = _first_choice(data)
+        text = choice.get("text")
+        if not isinstance(text, str):
+            raise PolicyUnavailable("completion choice has no text")
+        finish = _finish_reason(choice.get("finish_reason"))
+        pieces, lps = _legacy_logprobs(choice.get("logprobs"))
+        k = _smallest_spelling_prefix(pieces, text) if pieces is not None else None
+        matched = _matched_stop(pieces, k, text, stops) if finish == "stop" else None
+        ids = await self.tokenize(text)
+        logprobs = tuple(lps[:k]) if (lps is not None and k is not None and k == len(ids)) else ()
+        return _generation(text, ids, logprobs, finish, matched, alias, "retokenized")
+
+    async def _prefix(self) -> tuple[int, ...]:
+        if self._implicit_prefix is None:
+            # What the server adds on its own (BOS for models that want one): the tokens of the empty string.
+            self._implicit_prefix = await self._tokenize_raw("")
+        return self._implicit_prefix
+
+    async def _tokenize_raw(self, text: str) -> tuple[int, ...]:
+        data = await self._post("/extras/tokenize", {"input": text})
+        tokens = data.get("tokens")
+        if not isinstance(tokens, list):
+            raise PolicyUnavailable("/extras/tokenize answered without a `tokens` list")
+        return tuple(int(t) for t in tokens)
+
+
+def _matched_stop(pieces: list[str] | None, k: int | None, text: str, stops: Sequence[str]) -> str | None:
+    """Replays llama-cpp-python's stop rule on the returned token strings (see `LlamaCppPolicyClient`)."""
+    if pieces is None or k is None:
+        return None
+    full = "".join(pieces)
+    if len(full) == len(text):
+        return None  # nothing sampled after the text: EOS
+    for s in stops:  # the server takes the first stop in list order that occurs anywhere in the continuation
+        if full.find(s) == len(text):
+            return s
+        if s in full:
+            return None  # the server would have cut at this stop instead; the strings are not what it saw
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# shared response helpers
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _first_choice(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise PolicyUnavailable("completion response has no choices")
+    return choices[0]
+
+
+def _legacy_logprobs(obj: object) -> tuple[list[str] | None, list[float] | None]:
+    """`tokens` and `token_logprobs` of an OpenAI legacy logprobs object, or (None, None) when unusable."""
+    if not isinstance(obj, dict):
+        return None, None
+    tokens = obj.get("tokens")
+    values = obj.get("token_logprobs")
+    if not isinstance(tokens, list) or not isinstance(values, list) or len(tokens) != len(values):
+        return None, None
+    if not all(isinstance(t, str) for t in tokens) or not all(isinstance(v, (int, float)) for v in values):
+        return None, None
+    return list(tokens), [float(v) for v in values]
+
+
+def _generation(
+    text: str,
+    ids: Sequence[int],
+    logprobs: Sequence[float],
+    finish: FinishReason,
+    stop: str | None,
+    version: str,
+    source: TokenSource,
+) -> Generation:
+    return Generation(
+        text=text,
+        token_ids=tuple(ids),
+        logprobs=tuple(logprobs) if len(logprobs) == len(ids) else (),
+        finish_reason=finish,
+        stop=stop,
+        policy_version=version,
+        token_source=source,
+    )

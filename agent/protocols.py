@@ -1,0 +1,97 @@
+"""Protocols at the agent's boundaries: the policy it samples from and the tools it calls.
+
+Real adapters live in `agent/policy.py`, `agent/tools/` and (for the in-process torch backend) `learning/`;
+test doubles live only in `tests/fakes.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from store.records import FinishReason, Snippet, TokenSource
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One chat message before templating."""
+
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class PromptContext:
+    """What a generation continues from: the templated prompt plus every earlier assistant turn.
+
+    Both forms are kept because servers differ: vLLM takes token ids, the llama.cpp server only text.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One sampled continuation, normalised across servers.
+
+    `text` is what `token_ids` spell (EOS excluded). `stop` names the stop string that ended the generation (None
+    for EOS/length). Whether `text` ends with that stop string depends on the server: vLLM and the in-process backend
+    return the tokens that spelled it, the llama.cpp server drops them. The graph checks `text.endswith(stop)` and
+    appends the closing tag as a forced (masked) turn when it is missing (STYLE.md §3).
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    stop: str | None
+    policy_version: str
+    token_source: TokenSource = "server"
+
+
+@runtime_checkable
+class PolicyClient(Protocol):
+    """A policy the agent can sample from (vLLM, llama.cpp server, in-process transformers)."""
+
+    @property
+    def policy_version(self) -> str:
+        """The version that will serve the next request (e.g. "base", "policy@3")."""
+        ...
+
+    async def render_prompt(self, messages: Sequence[ChatMessage]) -> PromptContext:
+        """Apply the chat template (with the assistant generation prompt) and tokenize."""
+        ...
+
+    async def tokenize(self, text: str) -> tuple[int, ...]:
+        """Tokenize inserted text (forced tags, tool output) without special tokens."""
+        ...
+
+    async def generate(
+        self,
+        context: PromptContext,
+        *,
+        stop: Sequence[str],
+        max_tokens: int,
+        temperature: float,
+        seed: int | None = None,
+    ) -> Generation:
+        """Sample a continuation of `context` until a stop string, EOS or `max_tokens`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections/resources."""
+        ...
+
+
+@runtime_checkable
+class SearchTool(Protocol):
+    """A tool the model may call with `<call_tool name="...">argument</call_tool>`."""
+
+    name: str
+    description: str  # one line shown in the system prompt
+
+    async def __call__(self, query: str, attrs: Mapping[str, str], call_id: str) -> Sequence[Snippet]:
+        """Run the tool. Snippet ids must be `{call_id}-{index}`. Raise ToolError on failure."""
+        ...

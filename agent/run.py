@@ -1,0 +1,77 @@
+"""Running one research session through the graph: validate the question, render the prompt, run, collect."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent import prompts
+from agent.deps import AgentDeps
+from agent.errors import InputError
+from agent.graph import build_graph
+from agent.protocols import ChatMessage, PromptContext
+from agent.report import Report, build_report
+from store.records import PromptRecord, Trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What a finished run produced."""
+
+    trajectory: Trajectory
+    report: Report
+
+
+def validate_question(question: str, max_chars: int) -> str:
+    """Return the stripped question, or raise InputError for an empty or over-long one."""
+    q = question.strip() if isinstance(question, str) else ""
+    if not q:
+        raise InputError("the question is empty")
+    if len(q) > max_chars:
+        raise InputError(f"the question is {len(q):,} characters long; the limit is {max_chars:,}")
+    if "\x00" in q:
+        raise InputError("the question contains a NUL character")
+    return q
+
+
+def prompt_names(deps: AgentDeps) -> tuple[str, ...]:
+    """The template files a run uses (their hash is recorded on every turn)."""
+    return ("system", f"instructions/{deps.options.format}")
+
+
+def build_messages(question: str, deps: AgentDeps, reference_block: str = "") -> list[ChatMessage]:
+    """System prompt (scaffold + offered tools) and user message (references, question, format instruction)."""
+    tool_lines = "\n".join(f"- {name}: {tool.description}" for name, tool in sorted(deps.tools.items()))
+    system = prompts.render("system", tools=tool_lines or "- (none configured)", max_tool_calls=str(
+        deps.options.max_tool_calls))
+    instruction = prompts.render(f"instructions/{deps.options.format}")
+    user = "\n\n".join(p for p in (reference_block.strip(), question, instruction) if p)
+    return [ChatMessage("system", system), ChatMessage("user", user)]
+
+
+async def render_prompt(question: str, deps: AgentDeps, reference_block: str = "") -> PromptRecord:
+    """Render the prompt through the policy's chat template; sets deps.prompt_sha."""
+    deps.prompt_sha = prompts.prompt_sha(prompt_names(deps))
+    ctx = await deps.policy.render_prompt(build_messages(question, deps, reference_block))
+    return PromptRecord(text=ctx.text, token_ids=ctx.token_ids, prompt_sha=deps.prompt_sha)
+
+
+async def execute(session_id: str, question: str, prompt: PromptRecord, deps: AgentDeps) -> RunResult:
+    """Run the graph from a rendered prompt to the answer; turns reach deps.recorder as they are made."""
+    deps.started_at = deps.clock()
+    # Each research turn + tool call is two steps; plan, review and answer and a margin come on top.
+    limit = 2 * deps.options.max_tool_calls + 12
+    final = await build_graph().ainvoke(
+        {"prompt": PromptContext(prompt.text, prompt.token_ids), "turns": [], "tool_calls": []},
+        config={"recursion_limit": limit},
+        context=deps,
+    )
+    traj = Trajectory(
+        session_id=session_id,
+        question=question,
+        prompt=prompt,
+        turns=tuple(final.get("turns", [])),
+        tool_calls=tuple(final.get("tool_calls", [])),
+        malformed=bool(final.get("malformed_stages")),
+        max_consecutive_tool_errors=final.get("max_consecutive_tool_errors", 0),
+    )
+    return RunResult(traj, build_report(traj))

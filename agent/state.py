@@ -1,0 +1,24 @@
+"""The graph state. Turns and tool calls accumulate (append reducers); everything else is replaced."""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, TypedDict
+
+from agent.parse import ParsedCall
+from agent.protocols import PromptContext
+from store.records import ToolCallRecord, Turn
+
+
+class ResearchState(TypedDict, total=False):
+    """State of one research run."""
+
+    prompt: PromptContext
+    turns: Annotated[list[Turn], operator.add]
+    tool_calls: Annotated[list[ToolCallRecord], operator.add]
+    pending_call: ParsedCall | None  # parsed by research, executed by tools
+    pending_call_error: str | None  # the research turn ended in </call_tool> but no call could be read
+    n_tool_calls: int
+    consecutive_tool_errors: int
+    max_consecutive_tool_errors: int
+    malformed_stages: list[str]

