@@ -183,7 +183,7 @@ def _pdf_text(path: Path, data: bytes) -> tuple[str, str]:
             title = str(reader.metadata.title) if reader.metadata and reader.metadata.title else ""
     except IngestError:
         raise
-    except Exception as exc:  # noqa: BLE001 - pypdf raises many unrelated types on damaged files; all mean "malformed"
+    except Exception as exc:
         raise IngestError(f"{path}: the PDF could not be read ({type(exc).__name__})") from exc
     text = "\n\n".join(p for p in pages if p.strip())
     if not text.strip():

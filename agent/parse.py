@@ -17,6 +17,8 @@ _CALL_OPEN = re.compile(r"<(call_tool|call)\b([^>]*)>", re.IGNORECASE)
 _CITE = re.compile(r"<cite\s+id\s*=\s*[\"']?([^\"'>]*)[\"']?\s*>(.*?)</cite>", re.IGNORECASE | re.DOTALL)
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.IGNORECASE | re.DOTALL)
 _TAG = re.compile(r"</?[A-Za-z_][\w:-]*(\s[^<>]*)?/?>")
+# What is left of a tag cut by a length limit or never closed ("</s", "<call_tool name=x"): up to ">" or line end.
+_TAG_FRAGMENT = re.compile(r"</?[A-Za-z_][^<>\n]*>?")
 _ANSWER = re.compile(r"<answer>(.*?)(</answer>|$)", re.IGNORECASE | re.DOTALL)
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
@@ -89,8 +91,8 @@ def strip_think(text: str) -> str:
 
 
 def strip_tags(text: str) -> str:
-    """Remove any remaining XML-like tags, keeping their inner text."""
-    return _TAG.sub("", text)
+    """Remove any remaining XML-like tags and tag fragments, keeping the text between them."""
+    return _TAG_FRAGMENT.sub("", _TAG.sub("", text))
 
 
 def boxed(text: str) -> str | None:

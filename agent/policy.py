@@ -14,7 +14,7 @@ import random
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
@@ -28,6 +28,9 @@ from agent.errors import (
 )
 from agent.protocols import ChatMessage, Generation, PromptContext
 from store.records import FinishReason, TokenSource
+
+if TYPE_CHECKING:
+    from agent.config import AgentConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +52,16 @@ _FINISH_REASONS: Mapping[str, FinishReason] = {
 }
 
 
-def _check_generate_args(stop: Sequence[str], max_tokens: int, temperature: float) -> list[str]:
+def check_generate_args(stop: Sequence[str], max_tokens: int, temperature: float) -> tuple[str, ...]:
+    """Validate the arguments every `PolicyClient.generate` takes; return the stop strings as a tuple.
+
+    Raises:
+        TypeError: `stop` is a single string. ValueError: an empty stop string, `max_tokens` < 1, or a negative or
+            non-finite temperature.
+    """
     if isinstance(stop, str):
-        raise ValueError("stop must be a sequence of strings, not a single string")
-    stops = list(stop)
+        raise TypeError("stop must be a sequence of strings, not a single string")
+    stops = tuple(stop)
     if any(not isinstance(s, str) or not s for s in stops):
         raise ValueError("stop strings must be non-empty strings")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -100,6 +109,7 @@ class _HTTPPolicyBase:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         self._model = model
+        self._closed = False
         self._max_retries = int(max_retries)
         self._backoff_s = float(backoff_s)
         self._backoff_max_s = float(backoff_max_s)
@@ -125,8 +135,22 @@ class _HTTPPolicyBase:
             raise ValueError("alias must not be empty")
         self._model = alias
 
+    @classmethod
+    def from_config(cls, config: AgentConfig, transport: httpx.AsyncBaseTransport | None = None) -> Self:
+        """A client for the policy endpoint described by the agent settings."""
+        key = config.policy_api_key.get_secret_value() if config.policy_api_key is not None else None
+        return cls(
+            config.policy_base_url,
+            config.policy_model,
+            api_key=key,
+            timeout_s=config.policy_timeout_s,
+            max_retries=config.policy_max_retries,
+            transport=transport,
+        )
+
     async def aclose(self) -> None:
-        """Close the connection pool. Idempotent."""
+        """Close the connection pool; later requests raise PolicyUnavailable. Idempotent."""
+        self._closed = True
         await self._http.aclose()
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
@@ -137,6 +161,8 @@ class _HTTPPolicyBase:
 
     async def _post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST JSON with retries on 429, 5xx, connection errors and timeouts; return the decoded JSON object."""
+        if self._closed:
+            raise PolicyUnavailable("the policy client is closed")
         last: PolicyError | None = None
         for attempt in range(self._max_retries + 1):
             retry_after: float | None = None
@@ -174,7 +200,9 @@ class _HTTPPolicyBase:
         try:
             data = resp.json()
         except ValueError as exc:
-            raise PolicyUnavailable(f"POST {path}: the server answered {resp.status_code} with a non-JSON body") from exc
+            raise PolicyUnavailable(
+                f"POST {path}: the server answered {resp.status_code} with a non-JSON body"
+            ) from exc
         if not isinstance(data, dict):
             raise PolicyUnavailable(f"POST {path}: expected a JSON object, got {type(data).__name__}")
         return data
@@ -201,14 +229,18 @@ def _error_details(resp: httpx.Response) -> tuple[str, str | None]:
 
 
 def _retry_after(resp: httpx.Response) -> float | None:
+    """Seconds to wait from a `Retry-After` header (delta-seconds or HTTP date); None when absent or unreadable."""
     value = resp.headers.get("retry-after")
     if not value:
         return None
     try:
         return float(value)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return None if parsed is None else max(0.0, parsed.timestamp() - time.time())
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
 
 
 def _finish_reason(value: object) -> FinishReason:
@@ -304,7 +336,7 @@ class VLLMPolicyClient(_HTTPPolicyBase):
             ContextTooLong: the prompt does not fit the served context window.
             PolicyTimeout, PolicyUnavailable, PolicyRateLimited, PolicyRequestError: see `agent.errors`.
         """
-        stops = _check_generate_args(stop, max_tokens, temperature)
+        stops = list(check_generate_args(stop, max_tokens, temperature))
         if len(stops) > VLLM_MAX_STOP_STRINGS:
             raise ValueError(f"vLLM accepts at most {VLLM_MAX_STOP_STRINGS} stop strings, got {len(stops)}")
         prompt: list[int] | str = [int(i) for i in context.token_ids] or context.text
@@ -494,7 +526,7 @@ class LlamaCppPolicyClient(_HTTPPolicyBase):
             ValueError: an empty prompt or stop string, bad numbers.
             ContextTooLong, PolicyTimeout, PolicyUnavailable, PolicyRateLimited, PolicyRequestError.
         """
-        stops = _check_generate_args(stop, max_tokens, temperature)
+        stops = list(check_generate_args(stop, max_tokens, temperature))
         if not context.text:
             raise ValueError("generate needs a non-empty prompt text (the llama.cpp server takes no token ids)")
         alias = self._model

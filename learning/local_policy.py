@@ -18,12 +18,14 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import ContextTooLong, PolicyUnavailable
+from agent.policy import check_generate_args
 from agent.protocols import ChatMessage, Generation, PromptContext
 
 if TYPE_CHECKING:  # torch/transformers are imported lazily so that importing this module stays cheap
@@ -106,7 +108,7 @@ def _convert(gguf: Path, out_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model: Any = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:
         # The weights are already dense fp32; only the "quantized with gguf" flag blocks save_pretrained.
@@ -193,9 +195,9 @@ class TransformersPolicyClient:
 
     Stop strings are matched on the decoded continuation after every token, so they may span tokens. The returned
     `text` ends before the stop string and `token_ids`/`logprobs` are exactly the tokens that spell it. When the stop
-    string starts in the middle of a token (e.g. the token `">\\n</"` before `"answer>"`), that token is kept out, and
-    so are the characters it contributed before the stop string: `text` is always `decode(token_ids)`. The EOS token
-    is never included.
+    string starts in the middle of a token (e.g. the stop `"swer"` inside the token `" answer"`), that token is kept
+    out, and so are the characters it contributed before the stop string (`" an"`): `text` is always
+    `decode(token_ids)`. The EOS token is never included.
 
     Logprobs are the log-softmax of the distribution actually sampled from (logits divided by the temperature, top-p
     = 1). With temperature 0 (greedy) they are the log-softmax of the raw logits.
@@ -234,7 +236,7 @@ class TransformersPolicyClient:
         self._model_dir = Path(model_dir)
         if not (self._model_dir / "config.json").is_file():
             raise FileNotFoundError(f"no Hugging Face model in {self._model_dir} (config.json missing)")
-        self._tokenizer = AutoTokenizer.from_pretrained(str(self._model_dir))
+        self._tokenizer: Any = AutoTokenizer.from_pretrained(str(self._model_dir))
         self._model: Any = AutoModelForCausalLM.from_pretrained(str(self._model_dir), dtype=getattr(torch, dtype))
         self._model.eval()
         self._peft: Any = None  # a PeftModel wrapping self._model while an adapter is loaded
@@ -314,7 +316,7 @@ class TransformersPolicyClient:
             ValueError: bad arguments. ContextTooLong: the prompt fills the model's context window.
             PolicyUnavailable: the client was closed.
         """
-        stops = _check_generate_args(stop, max_tokens, temperature)
+        stops = check_generate_args(stop, max_tokens, temperature)
         prompt = tuple(int(i) for i in context.token_ids)
         if not prompt:
             prompt = await self.tokenize(context.text)
@@ -355,11 +357,13 @@ class TransformersPolicyClient:
         return self._lock.locked()
 
     async def aclose(self) -> None:
-        """Drop the KV cache; later requests raise PolicyUnavailable. Idempotent."""
+        """Drop the KV cache (after a request in progress); later requests raise PolicyUnavailable. Idempotent."""
+        await asyncio.to_thread(self._close_locked)
+
+    def _close_locked(self) -> None:
         with self._lock:
             self._closed = True
-            self._cache = None
-            self._cache_ids = []
+            self._invalidate_cache()
 
     # -- LoRA adapters -----------------------------------------------------------------------------------------------
 
@@ -381,13 +385,15 @@ class TransformersPolicyClient:
             name = f"adapter{self._adapter_seq}"  # PEFT keys modules by this name; versions may contain '@', '.'
             old = self._adapter
             try:
-                if self._peft is None:
-                    from peft import PeftModel
+                with warnings.catch_warnings():  # peft calls a transformers property deprecated in v5 (FutureWarning)
+                    warnings.simplefilter("ignore", FutureWarning)
+                    if self._peft is None:
+                        from peft import PeftModel
 
-                    self._peft = PeftModel.from_pretrained(self._model, str(path), adapter_name=name, config=config)
-                else:
-                    self._peft.load_adapter(str(path), adapter_name=name)
-                    self._peft.set_adapter(name)
+                        self._peft = PeftModel.from_pretrained(self._model, str(path), adapter_name=name, config=config)
+                    else:
+                        self._peft.load_adapter(str(path), adapter_name=name)
+                        self._peft.set_adapter(name)
             except Exception as exc:
                 self._recover_after_failed_load(old, name)
                 raise AdapterLoadError(f"could not load LoRA adapter from {path}: {exc}") from exc
@@ -438,11 +444,10 @@ class TransformersPolicyClient:
 
             if any(isinstance(m, BaseTunerLayer) for m in self._model.modules()):
                 log.warning("a failed adapter load left LoRA layers behind; reloading the base model")
-                import torch
                 from transformers import AutoModelForCausalLM
 
                 dtype = next(self._model.parameters()).dtype
-                self._model = AutoModelForCausalLM.from_pretrained(str(self._model_dir), dtype=dtype or torch.bfloat16)
+                self._model = AutoModelForCausalLM.from_pretrained(str(self._model_dir), dtype=dtype)
                 self._model.eval()
             return
         with contextlib.suppress(Exception):
@@ -557,9 +562,7 @@ class TransformersPolicyClient:
                     logits = self._step(token)
         return self._finish(ids, logprobs, "length", None, version)
 
-    def _finish(
-        self, ids: list[int], logprobs: list[float], reason: str, stop: str | None, version: str
-    ) -> Generation:
+    def _finish(self, ids: list[int], logprobs: list[float], reason: str, stop: str | None, version: str) -> Generation:
         return Generation(
             text=self.decode(ids),
             token_ids=tuple(ids),
@@ -570,9 +573,7 @@ class TransformersPolicyClient:
             token_source="server",
         )
 
-    def _cut_at_stop(
-        self, ids: list[int], logprobs: list[float], before: str, stop: str, version: str
-    ) -> Generation:
+    def _cut_at_stop(self, ids: list[int], logprobs: list[float], before: str, stop: str, version: str) -> Generation:
         # The last token completed the stop string. Keep the longest token prefix whose decoding is a prefix of the
         # text before the stop string; a token that straddles the stop string's start is dropped with its characters.
         k = len(ids)
@@ -589,19 +590,6 @@ def _earliest_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
         if i != -1 and (best is None or i < best[0]):
             best = (i, s)
     return best
-
-
-def _check_generate_args(stop: Sequence[str], max_tokens: int, temperature: float) -> tuple[str, ...]:
-    if isinstance(stop, str):
-        raise ValueError("stop must be a sequence of strings, not a single string")
-    stops = tuple(stop)
-    if any(not isinstance(s, str) or not s for s in stops):
-        raise ValueError("stop strings must be non-empty strings")
-    if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive integer, not {max_tokens!r}")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0, not {temperature!r}")
-    return stops
 
 
 def _read_adapter_config(path: Path) -> Any:

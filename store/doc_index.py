@@ -27,6 +27,7 @@ from rank_bm25 import BM25Okapi
 
 from store.config import StoreConfig
 from store.embeddings import EmbeddingModelError, SentenceTransformerEmbedding, embed_texts
+from store.errors import StoreError
 
 RRF_K = 60
 """Reciprocal-rank-fusion constant: score(d) = sum over rankings of 1 / (RRF_K + rank(d)), rank from 1.
@@ -47,7 +48,7 @@ _META_MODEL = "embedding_model"
 _META_REVISION = "revision"
 
 
-class DocIndexError(RuntimeError):
+class DocIndexError(StoreError):
     """The document index could not be opened, read or written (Chroma down, model mismatch, bad name)."""
 
 
@@ -92,7 +93,7 @@ class _Bm25Cache:
     model: BM25Okapi | None  # None for an empty collection (BM25Okapi cannot be built over nothing)
 
 
-class _LuceneBM25(BM25Okapi):
+class _LuceneBM25(BM25Okapi):  # type: ignore[misc]  # rank-bm25 ships no type hints
     """BM25Okapi with Lucene's idf, log(1 + (N - n + 0.5) / (n + 0.5)), which is always positive.
 
     rank-bm25's Robertson idf is zero for a term in half the documents and negative beyond (then floored to a
@@ -102,6 +103,15 @@ class _LuceneBM25(BM25Okapi):
     def _calc_idf(self, nd: dict[str, int]) -> None:
         for word, freq in nd.items():
             self.idf[word] = math.log(1.0 + (self.corpus_size - freq + 0.5) / (freq + 0.5))
+
+
+def reciprocal_rank_fusion(rankings: Sequence[Sequence[str]], k: int = RRF_K) -> dict[str, float]:
+    """Fused scores sum(1 / (k + rank)) over rankings (rank from 1), best first; ties broken by id."""
+    fused: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            fused[item] = fused.get(item, 0.0) + 1.0 / (k + rank)
+    return dict(sorted(fused.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def chunk_id(source: str, chunk: int) -> str:
@@ -190,8 +200,8 @@ class DocIndex:
         return col
 
     def _model_key(self) -> str:
-        # The bundled model is recorded as "" so moving the venv does not look like a model change.
-        return self._model.strip() if self._model.strip() else ""
+        # The bundled model is recorded as "" (not its path), so moving the venv does not look like a model change.
+        return self._model.strip()
 
     # ---- reading -------------------------------------------------------------------------------------------
 
@@ -239,12 +249,8 @@ class DocIndex:
         dense_ids = list(dense["ids"][0])
         bm25_ids = self._bm25_ranking(cache, query, depth)
 
-        fused: dict[str, float] = {}
-        for ranking in (dense_ids, bm25_ids):
-            for rank, cid in enumerate(ranking, start=1):
-                fused[cid] = fused.get(cid, 0.0) + 1.0 / (RRF_K + rank)
-        # Ties (equal fused score) break by id so results are deterministic.
-        best = sorted(fused, key=lambda cid: (-fused[cid], cid))[:k]
+        fused = reciprocal_rank_fusion([dense_ids, bm25_ids])
+        best = list(fused)[:k]
 
         records: dict[str, tuple[str, Mapping[str, Any]]] = {}
         docs0 = dense["documents"][0] if dense["documents"] else []
@@ -456,8 +462,10 @@ __all__ = [
     "DocIndexError",
     "Document",
     "Hit",
+    "ProgressFn",
     "chunk_id",
     "open_chroma_client",
+    "reciprocal_rank_fusion",
     "search_text",
     "tokenize",
 ]

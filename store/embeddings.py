@@ -17,6 +17,8 @@ import numpy as np
 from chromadb.api.types import Documents, EmbeddingFunction, Embeddings
 from chromadb.utils.embedding_functions import register_embedding_function
 
+from store.errors import StoreError
+
 if TYPE_CHECKING:
     from numpy.typing import NDArray
     from sentence_transformers import SentenceTransformer
@@ -31,7 +33,7 @@ _models: dict[str, SentenceTransformer] = {}
 _models_lock = threading.Lock()
 
 
-class EmbeddingModelError(RuntimeError):
+class EmbeddingModelError(StoreError):
     """The configured embedding model could not be found or loaded."""
 
 
@@ -97,9 +99,9 @@ class SentenceTransformerEmbedding(EmbeddingFunction[Documents]):
         """Remember the model; it is loaded on the first call, not here."""
         self.model_name = model_name
 
-    def __call__(self, input: Documents) -> Embeddings:  # noqa: A002 - Chroma's protocol names it `input`
+    def __call__(self, input: Documents) -> Embeddings:
         """Embed documents or queries."""
-        return embed_texts(list(input), self.model_name)
+        return list(embed_texts(list(input), self.model_name))
 
     @staticmethod
     def name() -> str:

@@ -14,6 +14,8 @@ from agent.state import ResearchState
 
 CALL_STOPS = ("</call_tool>", "</call>")
 STOPS = (*CALL_STOPS, "</review>", "</answer>")  # vLLM allows at most 4 stop strings
+FIRST_CALL_QUERY_TOKENS = 64  # the query the model writes after a forced first-call opening
+DEFAULT_TOOL_ORDER = ("local_search", "google_search", "web_search", "snippet_search")
 TOOL_OUTPUT_RESERVE = 1024  # tokens kept free for the next tool output
 WALL_CLOCK_RESEARCH_SHARE = 0.7  # past this share of the wall-clock budget, stop researching and write
 
@@ -39,13 +41,11 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
         return Command(goto="review")
     deps.recorder.event("stage", {"stage": "research", "turn": n_calls + 1})
     gen = await w.sample("research", STOPS, deps.options.token_caps.research)
+    if gen.stop not in CALL_STOPS and n_calls == 0 and (tool := default_tool(deps)):
+        return await _forced_first_call(w, deps, tool)
     if gen.stop in CALL_STOPS:
         await w.keep_closed("research", gen, gen.stop)
-        try:
-            call, error = parse_tool_call(gen.text), None
-        except CallParseError as exc:
-            call, error = None, str(exc)
-        return Command(goto="tools", update={"turns": w.new, "pending_call": call, "pending_call_error": error})
+        return _to_tools(w, gen.text)
     if gen.stop == "</review>":
         # The model reviewed in this turn (path B): from its last <think> on, this is Stage 3 (METHOD §5.1).
         await w.keep_closed("review", gen, "</review>")
@@ -56,3 +56,29 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
         return Command(goto="review")
     w.keep("research", gen)  # EOS or length: keep what was said, then review
     return Command(goto="review", update={"turns": w.new})
+
+
+def default_tool(deps: AgentDeps) -> str | None:
+    """The tool a forced first call uses: local documents first, then web search."""
+    return next((t for t in DEFAULT_TOOL_ORDER if t in deps.tools), next(iter(sorted(deps.tools)), None))
+
+
+async def _forced_first_call(
+    w: SequenceWriter, deps: AgentDeps, tool: str
+) -> Command[Literal["tools", "review", "answer"]]:
+    """Turn 1 must end with </call_tool> ("always search first", METHOD §3.1): drop the sample that did not call a
+    tool, force the call's opening tag (masked) and let the model write only the query."""
+    deps.recorder.event("dropped", {"stage": "research", "reason": "first turn made no tool call"})
+    opening = f'\n<call_tool name="{tool}">'
+    await w.insert("research", opening)
+    query = await w.sample("research", CALL_STOPS, min(FIRST_CALL_QUERY_TOKENS, deps.options.token_caps.research))
+    await w.keep_closed("research", query, "</call_tool>")
+    return _to_tools(w, opening + query.text)
+
+
+def _to_tools(w: SequenceWriter, text: str) -> Command[Literal["tools", "review", "answer"]]:
+    try:
+        call, error = parse_tool_call(text), None
+    except CallParseError as exc:
+        call, error = None, str(exc)
+    return Command(goto="tools", update={"turns": w.new, "pending_call": call, "pending_call_error": error})

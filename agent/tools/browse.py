@@ -36,12 +36,19 @@ class BrowseWebpage:
         title, text = await asyncio.to_thread(extract_page, page)  # parsing HTML is CPU work
         if not text.strip():
             raise SearchError(f"{self.name}: the page has no readable text")
-        return [Snippet(id=snippet_id(call_id, 0), tool=self.name, title=title, text=clip(text, self.max_chars), url=page.url)]
+        return [
+            Snippet(
+                id=snippet_id(call_id, 0), tool=self.name, title=title, text=clip(text, self.max_chars), url=page.url
+            )
+        ]
 
 
 def extract_page(page: FetchedPage) -> tuple[str, str]:
-    """(title, main text) of a fetched page: trafilatura's main-text extraction, or all visible text for pages too
-    small for it, or the body itself for text/plain."""
+    """Title and main text of a fetched page.
+
+    Uses trafilatura's main-text extraction, all visible text for pages too small for it, or the body itself for
+    text/plain.
+    """
     import trafilatura  # lazy: only browsing needs lxml
 
     if page.content_type == "text/plain":

@@ -1,5 +1,8 @@
-"""Tool-call and snippet ids (METHOD D2): call ids are 8 lowercase hex characters unique per trajectory, snippet ids
-are `{call_id}-{index}`, so a `<cite id=...>` resolves to exactly one retrieved snippet."""
+"""Tool-call and snippet ids (METHOD D2).
+
+Call ids are 8 lowercase hex characters unique per trajectory; snippet ids are `{call_id}-{index}`, so a
+`<cite id=...>` resolves to exactly one retrieved snippet.
+"""
 
 from __future__ import annotations
 

@@ -46,17 +46,21 @@ def build_tools(
     URL; browse_webpage `browse_enabled`. `browse_allow_hosts` exempts hosts from the SSRF address check and is
     meant for tests against 127.0.0.1 only.
     """
-    common = {"results": cfg.search_results, "snippet_chars": cfg.snippet_chars, "timeout_s": cfg.tool_timeout_s}
+    n, chars, timeout = cfg.search_results, cfg.snippet_chars, cfg.tool_timeout_s
     tools: dict[str, SearchTool] = {}
     if index is not None:
-        tools["local_search"] = LocalSearch(index, k=cfg.local_search_k, snippet_chars=cfg.snippet_chars)
+        tools["local_search"] = LocalSearch(index, k=cfg.local_search_k, snippet_chars=chars)
     if cfg.serper_api_key is not None and cfg.serper_api_key.get_secret_value():
-        tools["google_search"] = GoogleSearch(cfg.serper_api_key.get_secret_value(), url=cfg.serper_url, **common)
+        tools["google_search"] = GoogleSearch(
+            cfg.serper_api_key.get_secret_value(), url=cfg.serper_url, results=n, snippet_chars=chars, timeout_s=timeout
+        )
     if cfg.s2_enabled:
         key = cfg.s2_api_key.get_secret_value() if cfg.s2_api_key is not None else None
-        tools["snippet_search"] = SnippetSearch(key or None, url=cfg.s2_url, **common)
+        tools["snippet_search"] = SnippetSearch(
+            key or None, url=cfg.s2_url, results=n, snippet_chars=chars, timeout_s=timeout
+        )
     if cfg.searxng_url:
-        tools["web_search"] = SearxngSearch(cfg.searxng_url, **common)
+        tools["web_search"] = SearxngSearch(cfg.searxng_url, results=n, snippet_chars=chars, timeout_s=timeout)
     if cfg.browse_enabled:
         fetcher = WebPageFetcher(
             timeout_s=cfg.tool_timeout_s,

@@ -54,20 +54,22 @@ class SearxngSearch:
         for result in data["results"]:
             if not isinstance(result, dict):
                 continue
-            title = result.get("title") if isinstance(result.get("title"), str) else ""
-            content = result.get("content") if isinstance(result.get("content"), str) else ""
-            url = result.get("url") if isinstance(result.get("url"), str) else ""
+            title, content, url = (_text(result.get(key)) for key in ("title", "content", "url"))
             if not (title or content):
                 continue
             out.append(
                 Snippet(
                     id=snippet_id(call_id, len(out)),
                     tool=self.name,
-                    title=title.strip(),
+                    title=title,
                     text=clip(content or title, self.snippet_chars),
-                    url=url.strip(),
+                    url=url,
                 )
             )
             if len(out) >= self.results:
                 break
         return out
+
+
+def _text(value: object) -> str:
+    return value.strip() if isinstance(value, str) else ""

@@ -20,7 +20,7 @@ import httpx
 
 from agent.errors import SearchError, UnsafeURLError
 
-USER_AGENT = "rubricem/0.1 (+https://github.com/rubricem; research agent)"
+USER_AGENT = "rubricem/0.1 (research agent)"
 API_MAX_BYTES = 5_000_000  # a search API answer larger than this is broken or hostile
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 PAGE_CONTENT_TYPES = frozenset({"text/html", "application/xhtml+xml", "text/plain"})
@@ -100,8 +100,10 @@ def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
 
 
 def _literal_address(host: str) -> IPAddress | None:
-    """The address a host string denotes by itself: IPv4/IPv6 literals and legacy numeric forms (2130706433,
-    0x7f000001, 127.1) that C resolvers accept."""
+    """The address a host string denotes by itself, or None for a name.
+
+    Covers IPv4/IPv6 literals and the legacy numeric forms C resolvers accept (2130706433, 0x7f000001, 127.1).
+    """
     try:
         return ipaddress.ip_address(host)
     except ValueError:
@@ -167,7 +169,9 @@ def resolve_and_check(url: str | httpx.URL, allow_hosts: frozenset[str] = frozen
             if reason is not None:
                 raise UnsafeURLError(f"refused: {host!r} resolves to {reason}")
     # Connect over IPv4 when an IPv6 address is only a mapped IPv4 one.
-    normal = [str(ip.ipv4_mapped) if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else str(ip) for ip in addresses]
+    normal = [
+        str(ip.ipv4_mapped) if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else str(ip) for ip in addresses
+    ]
     return CheckedURL(url=parsed, host=host, port=port, addresses=tuple(dict.fromkeys(normal)))
 
 
@@ -350,7 +354,7 @@ class WebPageFetcher:
         ) as client:
             for _hop in range(self.max_redirects + 1):
                 checked = await asyncio.to_thread(resolve_and_check, current, self.allow_hosts)
-                response = await client.send(self._pinned_request(client, checked), stream=True)
+                response = await self._send_pinned(client, checked)
                 try:
                     location = response.headers.get("location")
                     if response.status_code in REDIRECT_STATUSES and location:
@@ -364,20 +368,30 @@ class WebPageFetcher:
                     await response.aclose()
         raise UnsafeURLError(f"refused: more than {self.max_redirects} redirects")
 
-    def _pinned_request(self, client: httpx.AsyncClient, checked: CheckedURL) -> httpx.Request:
-        """A GET to the checked address itself, naming the host in Host and (for https) SNI and certificate checks."""
+    async def _send_pinned(self, client: httpx.AsyncClient, checked: CheckedURL) -> httpx.Response:
+        """Send the GET to each checked address in turn (as a resolver's caller would) until one connects."""
+        error: httpx.ConnectError | None = None
+        for address in checked.addresses:
+            try:
+                return await client.send(self._pinned_request(client, checked, address), stream=True)
+            except httpx.ConnectError as exc:  # e.g. "localhost" -> ::1 first, but the server listens on IPv4 only
+                error = exc
+        if error is None:  # unreachable: resolve_and_check never returns an empty address list
+            raise SearchError("browse_webpage: the host has no address")
+        raise error
+
+    @staticmethod
+    def _pinned_request(client: httpx.AsyncClient, checked: CheckedURL, address: str) -> httpx.Request:
+        """A GET to a checked address itself, naming the host in Host and (for https) SNI and certificate checks."""
         url = checked.url
+        host = f"[{checked.host}]" if ":" in checked.host else checked.host  # an IPv6 literal needs brackets
         default_port = 443 if url.scheme == "https" else 80
-        host_header = checked.host if checked.port == default_port else f"{checked.host}:{checked.port}"
-        if ":" in checked.host and not host_header.startswith("["):  # an IPv6 literal host
-            host_header = f"[{checked.host}]" + ("" if checked.port == default_port else f":{checked.port}")
+        host_header = host if checked.port == default_port else f"{host}:{checked.port}"
         extensions: dict[str, Any] = {}
         if url.scheme == "https" and _literal_address(checked.host) is None:
-            extensions["sni_hostname"] = checked.host
+            extensions["sni_hostname"] = checked.host  # TLS verifies the certificate against this name
         headers = {"Host": host_header, "User-Agent": USER_AGENT, "Accept": "text/html,text/plain;q=0.9,*/*;q=0.1"}
-        return client.build_request(
-            "GET", url.copy_with(host=checked.addresses[0]), headers=headers, extensions=extensions
-        )
+        return client.build_request("GET", url.copy_with(host=address), headers=headers, extensions=extensions)
 
     async def _page(self, checked: CheckedURL, response: httpx.Response) -> FetchedPage:
         status = response.status_code

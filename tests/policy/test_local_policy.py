@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def ctx(embedded_policy: TransformersPolicyClient) -> PromptContext:
 @pytest.fixture(scope="module")
 def greedy(embedded_policy: TransformersPolicyClient, ctx: PromptContext) -> Generation:
     """The greedy continuation without stop strings (the reference for the stop-string tests)."""
-    return _run(embedded_policy.generate(ctx, stop=[], max_tokens=20, temperature=0.0))
+    return _run(embedded_policy.generate(ctx, stop=[], max_tokens=16, temperature=0.0))
 
 
 # -- conversion ----------------------------------------------------------------------------------------------------
@@ -97,8 +98,8 @@ def test_render_prompt_and_tokenize(embedded_policy: TransformersPolicyClient, c
         "<|im_start|>user\nName the colours of the rainbow, one per line.<|im_end|>\n<|im_start|>assistant\n"
     )
     assert embedded_policy.decode(ctx.token_ids) == ctx.text
-    ids = _run(embedded_policy.tokenize("<call_tool name=\"local_search\">rainbow</call_tool>"))
-    assert embedded_policy.decode(ids) == "<call_tool name=\"local_search\">rainbow</call_tool>"
+    ids = _run(embedded_policy.tokenize('<call_tool name="local_search">rainbow</call_tool>'))
+    assert embedded_policy.decode(ids) == '<call_tool name="local_search">rainbow</call_tool>'
     assert ids[0] != embedded_policy.tokenizer.bos_token_id  # no special tokens added
     assert _run(embedded_policy.tokenize("")) == ()
 
@@ -113,8 +114,10 @@ def _check_aligned(policy: TransformersPolicyClient, gen: Generation) -> None:
     assert not set(gen.token_ids) & policy.eos_token_ids
 
 
-def test_greedy_is_deterministic(embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation) -> None:
-    again = _run(embedded_policy.generate(ctx, stop=[], max_tokens=20, temperature=0.0))
+def test_greedy_is_deterministic(
+    embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation
+) -> None:
+    again = _run(embedded_policy.generate(ctx, stop=[], max_tokens=16, temperature=0.0))
     assert again == greedy
     assert greedy.policy_version == "base" and greedy.token_source == "server"
     assert greedy.finish_reason in ("length", "stop") and greedy.stop is None
@@ -134,7 +137,7 @@ def test_stop_string_spanning_tokens(
     )  # fmt: skip
     stop = (pieces[i][1:] if mid_token else pieces[i]) + pieces[i + 1][:1]
     assert greedy.text.find(stop) >= len("".join(pieces[:i]))
-    gen = _run(embedded_policy.generate(ctx, stop=["</never>", stop], max_tokens=20, temperature=0.0))
+    gen = _run(embedded_policy.generate(ctx, stop=["</never>", stop], max_tokens=16, temperature=0.0))
     assert gen.stop == stop and gen.finish_reason == "stop"
     assert stop not in gen.text
     # the stop string starts in token i: token i is kept out (mid-token) or is the stop's first token
@@ -153,22 +156,20 @@ def test_stop_string_inside_first_token_gives_empty_text(
 
 
 def test_seeded_sampling_is_reproducible(embedded_policy: TransformersPolicyClient, ctx: PromptContext) -> None:
-    runs = [_run(embedded_policy.generate(ctx, stop=[], max_tokens=12, temperature=1.0, seed=s)) for s in (7, 7, 8, 9)]
+    runs = [_run(embedded_policy.generate(ctx, stop=[], max_tokens=8, temperature=1.0, seed=s)) for s in (7, 7, 8, 9)]
     assert runs[0] == runs[1]
     assert len({r.token_ids for r in runs}) >= 2  # other seeds give other samples
     for r in runs:
         _check_aligned(embedded_policy, r)
 
 
-def test_logprobs_are_after_temperature(embedded_policy: TransformersPolicyClient, ctx: PromptContext) -> None:
-    gen = _run(embedded_policy.generate(ctx, stop=[], max_tokens=10, temperature=0.5, seed=1))
-    at_t = _run(embedded_policy.score(ctx, gen.token_ids, temperature=0.5))
-    at_1 = _run(embedded_policy.score(ctx, gen.token_ids, temperature=1.0))
-    # bf16 logits are rounded to ~0.1 at their magnitude, so incremental and one-pass numbers differ a little;
-    # the generated logprobs must still be far closer to the temperature-0.5 distribution than to the raw one.
-    err_t = sum(abs(a - b) for a, b in zip(gen.logprobs, at_t, strict=True)) / len(at_t)
-    err_1 = sum(abs(a - b) for a, b in zip(gen.logprobs, at_1, strict=True)) / len(at_1)
-    assert err_t < 0.1 and err_t < err_1 / 2
+def test_logprobs_are_after_temperature(fp32_policy: TransformersPolicyClient) -> None:
+    # float32, so incremental decoding and the one-pass `score` agree to rounding (bf16 differs by ~0.1-0.3)
+    ctx = _run(fp32_policy.render_prompt(MESSAGES))
+    gen = _run(fp32_policy.generate(ctx, stop=[], max_tokens=10, temperature=0.5, seed=1))
+    assert gen.logprobs == pytest.approx(_run(fp32_policy.score(ctx, gen.token_ids, temperature=0.5)), abs=1e-3)
+    raw = _run(fp32_policy.score(ctx, gen.token_ids, temperature=1.0))
+    assert gen.logprobs != pytest.approx(raw, abs=1e-2)
 
 
 def test_eos_ends_generation_and_is_not_included(embedded_policy: TransformersPolicyClient) -> None:
@@ -182,34 +183,36 @@ def test_eos_ends_generation_and_is_not_included(embedded_policy: TransformersPo
     _check_aligned(embedded_policy, gen)
 
 
-def test_max_tokens_gives_length(embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation) -> None:
+def test_max_tokens_gives_length(
+    embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation
+) -> None:
     gen = _run(embedded_policy.generate(ctx, stop=[], max_tokens=3, temperature=0.0))
     assert gen.finish_reason == "length" and gen.token_ids == greedy.token_ids[:3]
 
 
-def test_prefix_reuse_matches_a_fresh_forward_pass(
-    embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation
-) -> None:
+def test_prefix_reuse_matches_a_fresh_forward_pass(fp32_policy: TransformersPolicyClient) -> None:
+    ctx = _run(fp32_policy.render_prompt(MESSAGES))
+    first = _run(fp32_policy.generate(ctx, stop=[], max_tokens=8, temperature=0.0))
     # the next turn of a session: the prompt extends the previous prompt, so the KV cache is reused
-    tool = _run(embedded_policy.tokenize("\n<tool_output>red, orange, yellow</tool_output>\n"))
-    ext = PromptContext(ctx.text, ctx.token_ids + greedy.token_ids + tool)
-    _run(embedded_policy.generate(ctx, stop=[], max_tokens=4, temperature=0.0))
-    gen = _run(embedded_policy.generate(ext, stop=[], max_tokens=8, temperature=0.0))
-    fresh = _run(embedded_policy.score(ext, gen.token_ids, temperature=0.0))
-    assert gen.logprobs == pytest.approx(fresh, abs=0.1)
-    _check_aligned(embedded_policy, gen)
+    tool = _run(fp32_policy.tokenize("\n<tool_output>red, orange, yellow</tool_output>\n"))
+    ext = PromptContext("", ctx.token_ids + first.token_ids[:5] + tool)
+    gen = _run(fp32_policy.generate(ext, stop=[], max_tokens=8, temperature=0.0))
+    assert gen.logprobs == pytest.approx(_run(fp32_policy.score(ext, gen.token_ids, temperature=0.0)), abs=1e-3)
+    _check_aligned(fp32_policy, gen)
 
 
 def test_bad_arguments(embedded_policy: TransformersPolicyClient, ctx: PromptContext) -> None:
-    for kwargs in (
+    bad: tuple[dict[str, Any], ...] = (
         {"stop": [""], "max_tokens": 4, "temperature": 0.0},
-        {"stop": "</answer>", "max_tokens": 4, "temperature": 0.0},
         {"stop": [], "max_tokens": 0, "temperature": 0.0},
         {"stop": [], "max_tokens": 4, "temperature": -1.0},
         {"stop": [], "max_tokens": 4, "temperature": float("nan")},
-    ):
+    )
+    for kwargs in bad:
         with pytest.raises(ValueError):
             _run(embedded_policy.generate(ctx, **kwargs))
+    with pytest.raises(TypeError):
+        _run(embedded_policy.generate(ctx, stop="</answer>", max_tokens=4, temperature=0.0))  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         _run(embedded_policy.generate(PromptContext("", ()), stop=[], max_tokens=4, temperature=0.0))
     with pytest.raises(ContextTooLong):
@@ -226,12 +229,14 @@ def adapters(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> lis
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32)
+    base: Any = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32)
     out = []
     for seed in (1, 2):
         torch.manual_seed(seed)
         cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-        peft_model = get_peft_model(base, cfg)
+        with warnings.catch_warnings():  # peft calls a transformers property deprecated in v5
+            warnings.simplefilter("ignore", FutureWarning)
+            peft_model = get_peft_model(base, cfg)
         path = tmp_path_factory.mktemp(f"lora{seed}")
         peft_model.save_pretrained(str(path))
         base = peft_model.unload()
@@ -240,11 +245,17 @@ def adapters(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> lis
 
 
 @pytest.fixture(scope="module")
-def lora_policy(smollm2_dir: Path) -> Any:
-    """A client of its own, so adapter swaps never touch the shared `embedded_policy`."""
-    client = TransformersPolicyClient(smollm2_dir)
+def fp32_policy(smollm2_dir: Path) -> Any:
+    """A float32 client of its own: exact numerics, and adapter swaps never touch the shared `embedded_policy`."""
+    client = TransformersPolicyClient(smollm2_dir, dtype="float32")
     yield client
     _run(client.aclose())
+
+
+@pytest.fixture
+def lora_policy(fp32_policy: TransformersPolicyClient) -> Any:
+    yield fp32_policy
+    fp32_policy.unload_adapter()  # leave it on the base weights whatever the test did
 
 
 def test_lora_load_swap_unload(lora_policy: TransformersPolicyClient, adapters: list[Path]) -> None:
@@ -269,32 +280,57 @@ def test_lora_load_swap_unload(lora_policy: TransformersPolicyClient, adapters: 
     assert _run(lora_policy.score(ctx, cont)) == base  # exactly the base weights again
 
 
-def test_bad_adapter_changes_nothing(lora_policy: TransformersPolicyClient, adapters: list[Path], tmp_path: Path) -> None:
+def _wrong_shapes(src: Path, dst: Path) -> Path:
+    """A copy of an adapter whose config is valid but whose tensors do not fit the model."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    shutil.copy(src / "adapter_config.json", dst / "adapter_config.json")
+    tensors = load_file(str(src / "adapter_model.safetensors"))
+    save_file(
+        {k: torch.zeros(v.shape[0] + 3, v.shape[1] + 5) for k, v in tensors.items()},
+        str(dst / "adapter_model.safetensors"),
+    )
+    return dst
+
+
+@pytest.mark.parametrize("start", ["base", "adapter"])
+def test_bad_adapter_changes_nothing(
+    lora_policy: TransformersPolicyClient, adapters: list[Path], tmp_path: Path, start: str
+) -> None:
     ctx = _run(lora_policy.render_prompt(MESSAGES))
     cont = _run(lora_policy.tokenize("Red\nOrange"))
-    lora_policy.load_adapter(adapters[0], "policy@1")
+    if start == "adapter":
+        lora_policy.load_adapter(adapters[0], "policy@1")
+    version = lora_policy.policy_version
     before = _run(lora_policy.score(ctx, cont))
-    (tmp_path / "adapter_config.json").write_text("{not json", encoding="utf-8")
-    (tmp_path / "adapter_model.safetensors").write_bytes(b"garbage")
-    for bad in (tmp_path / "missing", tmp_path):
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "adapter_config.json").write_text("{not json", encoding="utf-8")
+    (garbage / "adapter_model.safetensors").write_bytes(b"garbage")
+    for bad in (tmp_path / "missing", garbage, _wrong_shapes(adapters[0], tmp_path / "shapes")):
         with pytest.raises(AdapterLoadError):
             lora_policy.load_adapter(bad, "policy@9")
-    assert lora_policy.policy_version == "policy@1"
-    assert _run(lora_policy.score(ctx, cont)) == before
-    lora_policy.unload_adapter()
+        assert lora_policy.policy_version == version
+        assert _run(lora_policy.score(ctx, cont)) == before
+    lora_policy.load_adapter(adapters[1], "policy@2")  # still usable afterwards
+    assert lora_policy.policy_version == "policy@2"
 
 
 def test_swap_waits_for_the_request_in_flight(lora_policy: TransformersPolicyClient, adapters: list[Path]) -> None:
     ctx = _run(lora_policy.render_prompt(MESSAGES))
-    reference = _run(lora_policy.generate(ctx, stop=[], max_tokens=16, temperature=0.0))
+    reference = _run(lora_policy.generate(ctx, stop=[], max_tokens=8, temperature=0.0))
 
     async def go() -> tuple[Generation, Generation]:
-        task = asyncio.create_task(lora_policy.generate(ctx, stop=[], max_tokens=16, temperature=0.0))
+        task = asyncio.create_task(lora_policy.generate(ctx, stop=[], max_tokens=8, temperature=0.0))
         while not lora_policy.busy and not task.done():  # wait until the request holds the model
             await asyncio.sleep(0.001)
         await lora_policy.aload_adapter(adapters[0], "policy@1")
         in_flight = await task
-        after = await lora_policy.generate(ctx, stop=[], max_tokens=16, temperature=0.0)
+        after = await lora_policy.generate(ctx, stop=[], max_tokens=8, temperature=0.0)
         return in_flight, after
 
     in_flight, after = _run(go())

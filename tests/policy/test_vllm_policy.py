@@ -398,3 +398,20 @@ def test_no_key_no_header(server: VLLMStandIn) -> None:
 def test_base_url_with_v1_is_refused() -> None:
     with pytest.raises(ValueError, match="/v1"):
         VLLMPolicyClient("http://127.0.0.1:8000/v1", "policy")
+
+
+def test_from_config_and_closed_client(server: VLLMStandIn) -> None:
+    from pydantic import SecretStr
+
+    from agent.config import AgentConfig
+
+    cfg = AgentConfig(policy_backend="vllm", policy_base_url="http://vllm.test:8000", policy_model="step-1",
+                      policy_api_key=SecretStr(API_KEY), policy_max_retries=0)  # fmt: skip
+    client = VLLMPolicyClient.from_config(cfg, transport=server.transport())
+    assert client.policy_version == "step-1"
+    _run(client.tokenize("x"))
+    assert server.requests[0][2]["authorization"] == f"Bearer {API_KEY}"
+    _run(client.aclose())
+    _run(client.aclose())  # idempotent
+    with pytest.raises(PolicyUnavailable, match="closed"):
+        _run(client.tokenize("x"))

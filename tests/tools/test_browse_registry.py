@@ -74,9 +74,7 @@ def test_browse_follows_redirect_and_reports_final_url(server: LocalServer) -> N
         (Reply(200, b"<p>" + b"z" * 300_000, {"Content-Type": "text/html"}), UnsafeURLError, "larger than"),
     ],
 )
-def test_browse_failures_are_tool_errors(
-    server: LocalServer, reply: Reply, error: type[ToolError], match: str
-) -> None:
+def test_browse_failures_are_tool_errors(server: LocalServer, reply: Reply, error: type[ToolError], match: str) -> None:
     server.route("/p", reply)
     with pytest.raises(error, match=match):
         asyncio.run(browse()(f"{server.root}/p", {}, "cafe0004"))

@@ -10,7 +10,7 @@ from chromadb.api.shared_system_client import SharedSystemClient
 from tools_support import free_port, sample_passages
 
 from agent.errors import SearchError
-from agent.ingest import load_demo_corpus
+from agent.ingest import DEMO_SOURCE_PREFIX, ensure_demo_corpus, load_demo_corpus
 from agent.tools import LocalSearch
 from store.config import StoreConfig
 from store.doc_index import RRF_K, DocIndex, DocIndexError, Document
@@ -180,3 +180,43 @@ def test_demo_corpus_slice_is_searchable(index: DocIndex) -> None:
     target = passages[123]
     hits = index.search(f"{target.title} {target.text[:120]}", 5)
     assert hits[0].title == target.title
+
+
+def test_shipped_demo_vectors_match_the_bundled_model(embedding_model: object) -> None:
+    import numpy as np
+
+    from agent.ingest import DEMO_CORPUS_FILES, DEMO_VECTORS, _demo_documents, _demo_vectors
+    from store.doc_index import search_text
+    from store.embeddings import embed_texts
+
+    assert DEMO_VECTORS.is_file(), "agent/demo_corpus/minilm_vectors.npz is missing: run build_demo_vectors()"
+    shipped = _demo_vectors(list(DEMO_CORPUS_FILES))
+    assert shipped is not None and len(shipped) == 9003
+    docs = [d for name in DEMO_CORPUS_FILES for d in _demo_documents(name)]
+    picks = list(range(0, 9003, 751))  # a dozen passages across all three files
+    fresh = embed_texts([search_text(docs[i].title, docs[i].text) for i in picks])
+    for i, vec in zip(picks, fresh, strict=True):
+        assert float(np.dot(vec, shipped[i])) > 0.999  # float16 rounding only
+
+
+@pytest.mark.slow
+def test_ensure_demo_corpus_indexes_once_and_repairs(index: DocIndex) -> None:
+    seen: list[tuple[int, int]] = []
+    assert ensure_demo_corpus(index, progress=lambda done, total: seen.append((done, total))) == 9003
+    assert index.count() == 9003 and seen[-1] == (9003, 9003)
+    assert index.search("Teutberga queen of Lotharingia", 3)[0].title == "Teutberga"
+    assert ensure_demo_corpus(index) == 0  # complete: nothing to do
+    hotpot = DEMO_SOURCE_PREFIX + "hotpotqa_train_corpus.json"
+    index.delete_source(hotpot)  # as if the first run had been killed while writing this file
+    assert ensure_demo_corpus(index) == 994
+    assert index.source_count(hotpot) == 994 and index.count() == 9003
+
+
+def test_reciprocal_rank_fusion_by_hand() -> None:
+    from store.doc_index import reciprocal_rank_fusion
+
+    fused = reciprocal_rank_fusion([["a", "b", "c"], ["c", "a"]], k=60)
+    assert list(fused) == ["a", "c", "b"]  # a: 1/61 + 1/62; c: 1/63 + 1/61; b: 1/62
+    assert fused["a"] == pytest.approx(1 / 61 + 1 / 62)
+    assert fused["b"] == pytest.approx(1 / 62)
+    assert list(reciprocal_rank_fusion([["y"], ["x"]])) == ["x", "y"]  # equal scores: by id

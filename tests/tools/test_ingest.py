@@ -83,13 +83,18 @@ def test_html_main_text(tmp_path: Path) -> None:
 
 
 def test_html_in_another_encoding(tmp_path: Path) -> None:
-    page = '<html><head><meta charset="iso-8859-1"><title>Caf\xe9</title></head><body><p>Caf\xe9 au lait.</p></body></html>'
+    page = (
+        '<html><head><meta charset="iso-8859-1"><title>Caf\xe9</title></head>'
+        "<body><p>Caf\xe9 au lait.</p></body></html>"
+    )
     [doc] = load_documents(write(tmp_path / "latin.htm", page.encode("latin-1")))
     assert "Café au lait" in doc.text
 
 
 def test_pdf(tmp_path: Path) -> None:
-    pdf = write(tmp_path / "paper.pdf", make_pdf(["Okapis live in the Ituri rainforest.", "Page text (two)."], "Okapi Paper"))
+    pdf = write(
+        tmp_path / "paper.pdf", make_pdf(["Okapis live in the Ituri rainforest.", "Page text (two)."], "Okapi Paper")
+    )
     [doc] = load_documents(pdf)
     assert doc.title == "Okapi Paper"
     assert "Ituri rainforest" in doc.text and "(two)" in doc.text

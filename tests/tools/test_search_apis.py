@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
-from tools_support import LocalServer, Reply, free_port, Request
+from tools_support import LocalServer, Reply, free_port
 
 from agent.errors import SearchError, ToolError
 from agent.protocols import SearchTool
@@ -117,7 +117,7 @@ def test_serper_unreachable(server: LocalServer) -> None:
 
 
 def test_serper_huge_body(server: LocalServer) -> None:
-    body = (b"[" + b'"x",' * 2_000_000 + b'"x"]')  # ~8 MB
+    body = b"[" + b'"x",' * 2_000_000 + b'"x"]'  # ~8 MB
     server.route("/search", Reply(200, body, {"Content-Type": "application/json"}))
     with pytest.raises(SearchError, match="more than"):
         run(serper(server), "q")

@@ -91,7 +91,9 @@ def test_mapped_public_address_connects_over_ipv4() -> None:
     assert resolve_and_check("http://[::ffff:8.8.8.8]/").addresses == ("8.8.8.8",)
 
 
-@pytest.mark.parametrize("addr", ["127.0.0.1", "10.1.2.3", "::1", "::ffff:192.168.0.1", "169.254.169.254", "100.64.3.4"])
+@pytest.mark.parametrize(
+    "addr", ["127.0.0.1", "10.1.2.3", "::1", "::ffff:192.168.0.1", "169.254.169.254", "100.64.3.4"]
+)
 def test_address_refusal_names_a_reason(addr: str) -> None:
     assert address_refusal(ipaddress.ip_address(addr))
 
@@ -161,7 +163,7 @@ def test_redirect_cap(server: LocalServer) -> None:
 
 
 def test_connection_goes_to_checked_address_with_original_host_header(server: LocalServer) -> None:
-    """localhost is resolved once, checked (exempt here), and the request goes to that IP with Host preserved."""
+    """A name is resolved once, checked (exempt here), and the request goes to that IP with Host preserved."""
     server.route("/echo", Reply.html("<p>ok</p>"))
     fetcher = WebPageFetcher(allow_hosts=frozenset({"localhost"}), timeout_s=5.0)
     asyncio.run(fetcher.fetch(f"http://localhost:{server.port}/echo"))

@@ -59,6 +59,7 @@ class LocalServer:
     """A threaded stdlib HTTP server on 127.0.0.1 whose routes the tests set; records every request."""
 
     def __init__(self) -> None:
+        """Start serving on a free port in a daemon thread."""
         self.routes: dict[str, Handler] = {}
         self.requests: list[Request] = []
         server = self
@@ -66,7 +67,7 @@ class LocalServer:
         class _Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+            def log_message(self, format: str, *args: object) -> None:
                 pass  # keep test output clean
 
             def _serve(self) -> None:
@@ -145,8 +146,10 @@ def make_pdf(lines: list[str], title: str = "") -> bytes:
     objects = [
         b"<< /Type /Catalog /Pages 2 0 R >>",
         b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        (
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+            b"/Resources << /Font << /F1 5 0 R >> >> >>"
+        ),
         b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
         b"<< /Title (" + esc(title).encode("latin-1") + b") >>",

@@ -1,0 +1,213 @@
+"""The `rubricem` command: ask, ingest, sessions.
+
+Exit codes: 0 success, 1 the run failed (the session is marked failed in the log), 2 bad input or configuration.
+Progress goes to stderr; reports and listings go to stdout (so `rubricem ask ... > report.md` works).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.config import RunOptions
+from agent.errors import AgentError, InputError, IngestError
+from app import events as ev
+from app.settings import Settings
+from store.doc_index import DocIndexError
+from store.errors import InvalidInput, SessionNotFound, StoreError
+
+
+class Progress:
+    """Stage-by-stage progress lines on stderr, with elapsed seconds."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.start = time.monotonic()
+        self.quiet = quiet
+        self._last_bar = 0.0
+
+    def say(self, message: str) -> None:
+        if not self.quiet:
+            print(f"[{time.monotonic() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    def bar(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.quiet or (now - self._last_bar < 2.0 and done < total):
+            return
+        self._last_bar = now
+        self.say(f"  indexed {done:,}/{total:,} passages ({100 * done // max(total, 1)}%)")
+
+    def event(self, e: ev.Event) -> None:
+        match e:
+            case ev.SessionStarted(session_id=sid, policy_version=v):
+                self.say(f"session {sid} started (policy {v})")
+            case ev.StageStarted(stage="research", turn=n):
+                self.say(f"research: turn {n}")
+            case ev.StageStarted(stage=stage):
+                self.say(f"{stage}")
+            case ev.SearchIssued(tool=tool, query=query):
+                self.say(f"  {tool}: {query[:100]!r}")
+            case ev.SearchDone(tool=tool, results=n, error=err):
+                self.say(f"  {tool}: {'error: ' + err if err else f'{n} results'}")
+            case ev.Note(kind="research_stopped", data=d):
+                self.say(f"  research stopped ({d.get('reason')}) after {d.get('tool_calls')} tool calls")
+            case ev.RunFailed(error=err):
+                self.say(f"failed: {err}")
+            case _:
+                pass
+
+
+def _run_options(settings: Settings, args: argparse.Namespace) -> RunOptions:
+    values: dict[str, Any] = settings.agent.defaults.model_dump()
+    for name in ("format", "max_tool_calls", "seed", "temperature", "wall_clock_s"):
+        if getattr(args, name, None) is not None:
+            values[name] = getattr(args, name)
+    return RunOptions.model_validate(values)
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from agent.run import validate_question
+    from app.container import build
+    from app.service import RunFailedError, stage_summary
+
+    settings = Settings()
+    progress = Progress(args.quiet)
+    question = validate_question(args.question, settings.agent.max_question_chars)  # fail fast, before loading
+    options = _run_options(settings, args)
+    services = build(settings, say=progress.say, progress=progress.bar)
+
+    async def go() -> Any:
+        try:
+            return await services.research.run(question, options, on_event=progress.event)
+        finally:
+            await services.policy.aclose()
+
+    try:
+        outcome = asyncio.run(go())
+    except RunFailedError as exc:
+        print(f"error: the research run failed ({exc}); session {exc.session_id} is marked failed", file=sys.stderr)
+        return 1
+    report = outcome.report
+    progress.say(
+        f"done: {len(outcome.trajectory.tool_calls)} tool calls, {len(report.references)} references"
+        + (f", {report.unknown_citations} unknown citation ids removed" if report.unknown_citations else "")
+        + (" (malformed trajectory: a stage was missing)" if outcome.trajectory.malformed else "")
+    )
+    if args.out:
+        Path(args.out).write_text(report.markdown, encoding="utf-8")
+        progress.say(f"report written to {args.out}")
+    if args.json:
+        payload = {
+            "session_id": outcome.session_id,
+            "report": report.markdown,
+            "citations": [{"id": s.id, "title": s.title, "text": s.text} for s in report.references],
+            "stages": stage_summary(outcome.trajectory),
+            "policy_version": outcome.policy_version,
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=2, ensure_ascii=False), encoding="utf-8")
+        progress.say(f"JSON written to {args.json}")
+    print(report.markdown)
+    return 0
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from agent.ingest import ingest, load_documents
+    from app.container import open_index
+
+    settings = Settings()
+    progress = Progress()
+    path = Path(args.path)
+    docs = load_documents(path)  # every file is read (and refused) before the index is touched
+    progress.say(f"read {len(docs):,} chunks from {path}")
+    index = open_index(settings)
+    result = ingest(path, index, progress=progress.bar)
+    progress.say(f"indexed {result.chunks:,} chunks from {len(result.sources)} file(s); index holds {index.count():,}")
+    return 0
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    from store.session_log import SessionLog
+
+    settings = Settings()
+    log = SessionLog(settings.store.sqlite_path)
+    if args.action == "list":
+        rows = log.list_sessions(limit=args.limit, status=args.status)
+        if not rows:
+            print("no sessions")
+        for r in rows:
+            print(f"{r.session_id}  {r.status:<9}  {r.created_at}  {_short(r.question, 70)}")
+        return 0
+    rec = log.get(args.session_id)
+    traj = rec.trajectory
+    print(f"session   {rec.session_id}\nstatus    {rec.status}\nquestion  {rec.question}\npolicy    {rec.policy_version}")
+    print(f"created   {rec.created_at}\nfinished  {rec.finished_at or '-'}")
+    if rec.error:
+        print(f"error     {rec.error}")
+    print(f"turns     {len(traj.turns)} ({sum(len(t.token_ids) for t in traj.turns)} tokens, "
+          f"{sum(sum(t.mask) for t in traj.turns)} trainable); tool calls {len(traj.tool_calls)}")
+    if args.turns:
+        for i, t in enumerate(traj.turns):
+            print(f"--- turn {i}: {t.stage} / {t.kind} / {len(t.token_ids)} tokens / {t.policy_version}")
+            print(t.text)
+    if rec.report:
+        print("\n" + rec.report)
+    return 0
+
+
+def _short(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    p = argparse.ArgumentParser(prog="rubricem", description="Deep-research agent: plan, search, review, answer.")
+    sub = p.add_subparsers(dest="command", required=True)
+    ask = sub.add_parser("ask", help="research a question and print a cited Markdown report")
+    ask.add_argument("question")
+    ask.add_argument("--out", help="also write the report to this Markdown file")
+    ask.add_argument("--json", help="write session id, report, citations, stages and policy version as JSON")
+    ask.add_argument("--format", choices=["exact_answer", "short_form", "long_form"])
+    ask.add_argument("--max-tool-calls", type=int, dest="max_tool_calls")
+    ask.add_argument("--seed", type=int)
+    ask.add_argument("--temperature", type=float)
+    ask.add_argument("--wall-clock", type=float, dest="wall_clock_s", help="hard time limit in seconds")
+    ask.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    ask.set_defaults(func=cmd_ask)
+    ing = sub.add_parser("ingest", help="add files (txt, md, html, pdf, jsonl) or a folder to the local index")
+    ing.add_argument("path")
+    ing.set_defaults(func=cmd_ingest)
+    ses = sub.add_parser("sessions", help="list or show logged research sessions")
+    ses_sub = ses.add_subparsers(dest="action", required=True)
+    lst = ses_sub.add_parser("list")
+    lst.add_argument("--limit", type=int, default=20)
+    lst.add_argument("--status", choices=["running", "completed", "failed"])
+    show = ses_sub.add_parser("show")
+    show.add_argument("session_id")
+    show.add_argument("--turns", action="store_true", help="print every turn")
+    ses.set_defaults(func=cmd_sessions)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `rubricem` console script."""
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (InputError, IngestError, SessionNotFound, InvalidInput) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (AgentError, StoreError, DocIndexError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

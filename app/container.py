@@ -1,0 +1,89 @@
+"""Composition root: builds the real clients once from Settings and wires them together.
+
+The in-process torch backend is imported lazily, only when `policy_backend = "embedded"`, so the HTTP-backed
+deployment never loads torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.errors import AgentError
+from agent.ingest import DEMO_SOURCE_PREFIX, ensure_demo_corpus
+from agent.policy import LlamaCppPolicyClient, VLLMPolicyClient
+from agent.protocols import PolicyClient, SearchTool
+from agent.tools.registry import build_tools
+from app.service import ResearchService
+from app.settings import Settings
+from store.doc_index import DocIndex
+from store.session_log import SessionLog
+
+Say = Callable[[str], None]
+Progress = Callable[[int, int], None]
+
+
+class ConfigurationError(AgentError):
+    """The settings cannot produce a working setup (the message says what to change)."""
+
+
+def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient:
+    """The policy client the settings ask for."""
+    cfg = settings.agent
+    key = cfg.policy_api_key.get_secret_value() if cfg.policy_api_key else None
+    if cfg.policy_backend == "vllm":
+        return VLLMPolicyClient(cfg.policy_base_url, cfg.policy_model, api_key=key, timeout_s=cfg.policy_timeout_s,
+                                max_retries=cfg.policy_max_retries)
+    if cfg.policy_backend == "llamacpp":
+        return LlamaCppPolicyClient(cfg.policy_base_url, cfg.policy_model, api_key=key,
+                                    timeout_s=cfg.policy_timeout_s, max_retries=cfg.policy_max_retries)
+    try:
+        from learning.local_policy import TransformersPolicyClient, ensure_converted
+    except ImportError as exc:  # the [local] extra is not installed
+        raise ConfigurationError(
+            f"the embedded backend needs the [local] extra (torch, transformers, peft): {exc}. "
+            "Run `make install`, or set RUBRICEM_AGENT__POLICY_BACKEND=vllm|llamacpp."
+        ) from exc
+    model_dir = cfg.embedded_model_path
+    if model_dir is None:
+        say("Preparing the bundled SmolLM2-135M-Instruct (converted once to safetensors, then cached)...")
+        model_dir = ensure_converted(settings.store.model_cache)
+    return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=cfg.embedded_adapter_path)
+
+
+def open_index(settings: Settings) -> DocIndex:
+    """The local document index (embedded Chroma or a Chroma server, per settings)."""
+    return DocIndex(settings.store)
+
+
+def ensure_corpus(index: DocIndex, say: Say = lambda _m: None, progress: Progress | None = None) -> None:
+    """Index the bundled demo corpus when the user has ingested nothing of their own."""
+    if any(not s.startswith(DEMO_SOURCE_PREFIX) for s in index.sources()):
+        return
+    if index.count() == 0:
+        say("Indexing the bundled Wikipedia demo corpus (first use only)...")
+    ensure_demo_corpus(index, progress=progress)
+
+
+@dataclass
+class Services:
+    """Everything the entry points use."""
+
+    settings: Settings
+    log: SessionLog
+    index: DocIndex
+    tools: dict[str, SearchTool]
+    policy: PolicyClient
+    research: ResearchService
+
+
+def build(settings: Settings | None = None, say: Say = lambda _m: None, progress: Progress | None = None) -> Services:
+    """Build every service for a research run."""
+    settings = settings or Settings()
+    settings.store.data_dir.mkdir(parents=True, exist_ok=True)
+    log = SessionLog(settings.store.sqlite_path)
+    index = open_index(settings)
+    ensure_corpus(index, say, progress)
+    tools = build_tools(settings.agent, index)
+    policy = build_policy(settings, say)
+    return Services(settings, log, index, tools, policy, ResearchService(policy, tools, log, settings.agent))
