@@ -14,11 +14,27 @@ TAG_ALIASES = {"analysis": "deep_analysis", "rubrics": "rubric", "rubrics_review
 
 _ATTR = re.compile(r'(\w+)\s*=\s*"([^"]*)"')  # DR Tulu's attribute regex, whitespace-tolerant
 _CALL_OPEN = re.compile(r"<(call_tool|call)\b([^>]*)>", re.IGNORECASE)
-_CITE = re.compile(r"<cite\s+id\s*=\s*[\"']?([^\"'>]*)[\"']?\s*>(.*?)</cite>", re.IGNORECASE | re.DOTALL)
+# A cite may carry other attributes; an unclosed one (cut by a length limit) runs to the next cite or the end.
+_CITE = re.compile(
+    r"<cite\b[^>]*?\bid\s*=\s*[\"']?([^\"'>]*)[\"']?[^>]*>(.*?)(?:</cite>|(?=<cite\b)|$)", re.IGNORECASE | re.DOTALL
+)
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.IGNORECASE | re.DOTALL)
-_TAG = re.compile(r"</?[A-Za-z_][\w:-]*(\s[^<>]*)?/?>")
-# What is left of a tag cut by a length limit or never closed ("</s", "<call_tool name=x"): up to ">" or line end.
-_TAG_FRAGMENT = re.compile(r"</?[A-Za-z_][^<>\n]*>?")
+SCAFFOLD_TAGS = (
+    "think", "structured_plan", "deep_analysis", "analysis", "rubric", "rubrics", "research_plan", "call_tool", "call",
+    "tool_output", "snippet", "webpage", "state_evaluation", "review", "rubric_review", "rubrics_review",
+    "writing_plan", "answer", "cite", "reference_examples",
+)
+_TAG_NAMES = "|".join(sorted(SCAFFOLD_TAGS, key=len, reverse=True))
+_TAG = re.compile(rf"</?(?:{_TAG_NAMES})\b[^<>]*>", re.IGNORECASE)
+# A scaffold tag that was never closed (`<call_tool name=x` ...) up to the line end, or any tag fragment a length
+# limit cut at the very end of the text (`</s`).
+_TAG_FRAGMENT = re.compile(rf"</?(?:{_TAG_NAMES})\b[^<>\n]*|</?[A-Za-z_][\w:-]*$", re.IGNORECASE)
+# Whole blocks that belong to earlier stages and must never reach the report.
+_PROCESS_BLOCK = re.compile(
+    r"<(state_evaluation|structured_plan|review|rubric_review|rubrics_review|writing_plan|tool_output|call_tool|"
+    r"research_plan|deep_analysis|rubrics?)\b[^>]*>.*?(</\1>|$)",
+    re.IGNORECASE | re.DOTALL,
+)
 _ANSWER = re.compile(r"<answer>(.*?)(</answer>|$)", re.IGNORECASE | re.DOTALL)
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
@@ -91,8 +107,13 @@ def strip_think(text: str) -> str:
 
 
 def strip_tags(text: str) -> str:
-    """Remove any remaining XML-like tags and tag fragments, keeping the text between them."""
+    """Remove scaffold tags and tag fragments, keeping the text between them (other `<...>` text is left alone)."""
     return _TAG_FRAGMENT.sub("", _TAG.sub("", text))
+
+
+def strip_process_blocks(text: str) -> str:
+    """Remove whole planning/review/tool blocks (and unclosed ones to the end) that leaked into an answer."""
+    return _PROCESS_BLOCK.sub("", text)
 
 
 def boxed(text: str) -> str | None:

@@ -3,6 +3,7 @@ actually retrieved in this session (unknown ids are removed and counted). No <th
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
 from agent import parse
@@ -28,7 +29,7 @@ def answer_text(traj: Trajectory) -> str:
 
 def build_report(traj: Trajectory) -> Report:
     """Render the trajectory's answer as a cited Markdown report."""
-    raw = parse.strip_think(answer_text(traj))
+    raw = parse.strip_process_blocks(parse.strip_think(answer_text(traj)))
     known = traj.snippets
     order: list[str] = []
     for cite in parse.find_citations(raw):
@@ -37,19 +38,28 @@ def build_report(traj: Trajectory) -> Report:
                 order.append(cid)
     numbers = {cid: i + 1 for i, cid in enumerate(order)}
     body, unknown, _ = parse.replace_citations(raw, numbers)
-    body = _tidy(parse.strip_tags(body))
+    body = _tidy(html.unescape(parse.strip_tags(body)))  # tool output was HTML-escaped for the model
     refs = tuple(known[cid] for cid in order)
     found = bool(body)
     if not found:
         body = "_The model produced no answer text._"
     lines = [f"# {_one_line(traj.question)}", "", body, ""]
     if refs:
-        lines += ["## References", ""]
-        for i, s in enumerate(refs, 1):
-            where = f" — <{s.url}>" if s.url else ""
-            lines.append(f"{i}. **{_one_line(s.title) or s.id}**{where} (`{s.id}`, {s.tool})")
-        lines.append("")
+        lines += ["## References", "", *(_ref_line(f"{i}.", s) for i, s in enumerate(refs, 1)), ""]
+    elif known:
+        # Nothing was cited in the text (common with very small models): still show what the answer rests on,
+        # clearly labelled, so the reader can check it.
+        shown = list(known.values())[:MAX_UNCITED_SOURCES]
+        lines += ["## Sources consulted (not cited in the text)", "", *(_ref_line("-", s) for s in shown), ""]
     return Report("\n".join(lines), body, refs, unknown, found)
+
+
+MAX_UNCITED_SOURCES = 10
+
+
+def _ref_line(bullet: str, s: Snippet) -> str:
+    where = f" — <{s.url}>" if s.url else ""
+    return f"{bullet} **{_one_line(s.title) or s.id}**{where} (`{s.id}`, {s.tool})"
 
 
 def _one_line(text: str) -> str:

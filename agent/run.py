@@ -30,6 +30,10 @@ def validate_question(question: str, max_chars: int) -> str:
         raise InputError(f"the question is {len(q):,} characters long; the limit is {max_chars:,}")
     if "\x00" in q:
         raise InputError("the question contains a NUL character")
+    try:
+        q.encode("utf-8")
+    except UnicodeEncodeError as exc:  # undecodable bytes from argv arrive as lone surrogates
+        raise InputError("the question is not valid UTF-8 text") from exc
     return q
 
 
@@ -50,6 +54,7 @@ def build_messages(question: str, deps: AgentDeps, reference_block: str = "") ->
 
 async def render_prompt(question: str, deps: AgentDeps, reference_block: str = "") -> PromptRecord:
     """Render the prompt through the policy's chat template; sets deps.prompt_sha."""
+    deps.started_at = deps.clock()  # the wall-clock budget covers prompt rendering too
     deps.prompt_sha = prompts.prompt_sha(prompt_names(deps))
     ctx = await deps.policy.render_prompt(build_messages(question, deps, reference_block))
     return PromptRecord(text=ctx.text, token_ids=ctx.token_ids, prompt_sha=deps.prompt_sha)
@@ -57,7 +62,8 @@ async def render_prompt(question: str, deps: AgentDeps, reference_block: str = "
 
 async def execute(session_id: str, question: str, prompt: PromptRecord, deps: AgentDeps) -> RunResult:
     """Run the graph from a rendered prompt to the answer; turns reach deps.recorder as they are made."""
-    deps.started_at = deps.clock()
+    if not deps.started_at:
+        deps.started_at = deps.clock()
     # Each research turn + tool call is two steps; plan, review and answer and a margin come on top.
     limit = 2 * deps.options.max_tool_calls + 12
     final = await build_graph().ainvoke(

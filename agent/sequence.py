@@ -93,15 +93,28 @@ class SequenceWriter:
             )
         )
 
+    async def tokenize(self, text: str) -> tuple[int, ...]:
+        """Tokenize inserted text with the policy's tokenizer, within the wall-clock budget."""
+        remaining = self.deps.remaining()
+        if remaining <= 0:
+            raise BudgetExceeded(f"wall-clock limit of {self.deps.options.wall_clock_s:.0f} s reached")
+        try:
+            return tuple(await asyncio.wait_for(self.deps.policy.tokenize(text), timeout=remaining))
+        except TimeoutError as exc:
+            raise BudgetExceeded(f"wall-clock limit of {self.deps.options.wall_clock_s:.0f} s reached") from exc
+
     async def insert(self, stage: Stage, text: str, kind: TurnKind = "forced") -> Turn:
         """Record text the graph inserts itself (a forced tag or a tool output); never trained."""
-        ids = await self.deps.policy.tokenize(text)
+        return self.insert_tokenized(stage, text, await self.tokenize(text), kind)
+
+    def insert_tokenized(self, stage: Stage, text: str, ids: tuple[int, ...], kind: TurnKind = "forced") -> Turn:
+        """Record inserted text whose token ids are already known."""
         return self._append(
             Turn(
                 stage=stage,
                 kind=kind,
                 text=text,
-                token_ids=tuple(ids),
+                token_ids=ids,
                 policy_version=self.deps.policy.policy_version,
                 prompt_sha=self.deps.prompt_sha,
                 token_source="tokenizer",

@@ -14,9 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from agent.config import RunOptions
 from agent.errors import AgentError, InputError, IngestError
 from app import events as ev
+from app.container import ConfigurationError
 from app.settings import Settings
 from store.doc_index import DocIndexError
 from store.errors import InvalidInput, SessionNotFound, StoreError
@@ -55,8 +58,6 @@ class Progress:
                 self.say(f"  {tool}: {'error: ' + err if err else f'{n} results'}")
             case ev.Note(kind="research_stopped", data=d):
                 self.say(f"  research stopped ({d.get('reason')}) after {d.get('tool_calls')} tool calls")
-            case ev.RunFailed(error=err):
-                self.say(f"failed: {err}")
             case _:
                 pass
 
@@ -78,6 +79,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     question = validate_question(args.question, settings.agent.max_question_chars)  # fail fast, before loading
     options = _run_options(settings, args)
+    for target in (args.out, args.json):  # refuse an unwritable output before spending minutes on research
+        if target and not Path(target).resolve().parent.is_dir():
+            raise OutputPathError(f"cannot write {target}: its folder does not exist")
     services = build(settings, say=progress.say, progress=progress.bar)
 
     async def go() -> Any:
@@ -89,7 +93,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     try:
         outcome = asyncio.run(go())
     except RunFailedError as exc:
-        print(f"error: the research run failed ({exc}); session {exc.session_id} is marked failed", file=sys.stderr)
+        where = f"; session {exc.session_id} is marked failed" if exc.session_id else ""
+        print(f"error: the research run failed ({exc}){where}", file=sys.stderr)
         return 1
     report = outcome.report
     progress.say(
@@ -97,6 +102,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         + (f", {report.unknown_citations} unknown citation ids removed" if report.unknown_citations else "")
         + (" (malformed trajectory: a stage was missing)" if outcome.trajectory.malformed else "")
     )
+    print(report.markdown)  # the report reaches stdout even if writing a file below fails
     if args.out:
         Path(args.out).write_text(report.markdown, encoding="utf-8")
         progress.say(f"report written to {args.out}")
@@ -110,7 +116,6 @@ def cmd_ask(args: argparse.Namespace) -> int:
         }
         Path(args.json).write_text(json.dumps(payload, indent=2, ensure_ascii=False), encoding="utf-8")
         progress.say(f"JSON written to {args.json}")
-    print(report.markdown)
     return 0
 
 
@@ -193,12 +198,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class OutputPathError(AgentError):
+    """An output file given on the command line cannot be written."""
+
+
+def _settings_error(exc: ValidationError) -> str:
+    # Never str(exc): pydantic echoes the input values, which may include API keys.
+    parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_input=False)]
+    return "invalid setting or option: " + "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rubricem` console script."""
     args = parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (InputError, IngestError, SessionNotFound, InvalidInput) as exc:
+    except ValidationError as exc:
+        print(f"error: {_settings_error(exc)}", file=sys.stderr)
+        return 2
+    except (InputError, IngestError, SessionNotFound, InvalidInput, ConfigurationError, OutputPathError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (AgentError, StoreError, DocIndexError) as exc:

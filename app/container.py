@@ -57,8 +57,14 @@ def open_index(settings: Settings) -> DocIndex:
 
 
 def ensure_corpus(index: DocIndex, say: Say = lambda _m: None, progress: Progress | None = None) -> None:
-    """Index the bundled demo corpus when the user has ingested nothing of their own."""
-    if any(not s.startswith(DEMO_SOURCE_PREFIX) for s in index.sources()):
+    """Index the bundled demo corpus when the user has ingested nothing of their own; remove it once they have."""
+    sources = index.sources()
+    if any(not s.startswith(DEMO_SOURCE_PREFIX) for s in sources):
+        demo = [s for s in sources if s.startswith(DEMO_SOURCE_PREFIX)]
+        if demo:
+            say("Your own documents are indexed: removing the bundled demo corpus from local_search.")
+            for source in demo:
+                index.delete_source(source)
         return
     if index.count() == 0:
         say("Indexing the bundled Wikipedia demo corpus (first use only)...")
@@ -81,9 +87,9 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
     """Build every service for a research run."""
     settings = settings or Settings()
     settings.store.data_dir.mkdir(parents=True, exist_ok=True)
+    policy = build_policy(settings, say)  # configuration errors surface before any indexing work
     log = SessionLog(settings.store.sqlite_path)
     index = open_index(settings)
     ensure_corpus(index, say, progress)
     tools = build_tools(settings.agent, index)
-    policy = build_policy(settings, say)
     return Services(settings, log, index, tools, policy, ResearchService(policy, tools, log, settings.agent))

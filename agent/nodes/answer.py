@@ -7,6 +7,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from agent.deps import AgentDeps
+from agent.parse import strip_think
 from agent.sequence import SequenceWriter
 from agent.state import ResearchState
 
@@ -21,9 +22,10 @@ async def answer(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[s
     cap = deps.options.token_caps.answer
     gen = await w.sample("answer", (CLOSE,), cap)
     malformed: list[str] = []
-    if gen.text.lstrip().startswith(OPEN):
+    if strip_think(gen.text).lstrip().startswith(OPEN):  # a <think> before the answer is allowed
         await w.keep_closed("answer", gen, CLOSE)
     else:
+        deps.recorder.event("dropped", {"stage": "answer", "reason": "the answer did not open with <answer>"})
         await w.insert("answer", "\n" + OPEN)
         retry = await w.sample("answer", (CLOSE,), cap)
         if retry.text.strip():

@@ -27,6 +27,7 @@ async def plan(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[Lit
         # Stopped at the closing tag, at EOS or at the length cap with the plan opened: keep it and close it.
         await w.keep_closed("plan", gen, CLOSE)
     else:
+        deps.recorder.event("dropped", {"stage": "plan", "reason": "no <structured_plan> in the first sample"})
         await w.insert("plan", OPEN)
         retry = await w.sample("plan", STOPS, cap)
         if retry.stop in (CLOSE, None) and retry.text.strip():

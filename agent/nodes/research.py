@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from langgraph.runtime import Runtime
@@ -18,6 +19,13 @@ FIRST_CALL_QUERY_TOKENS = 64  # the query the model writes after a forced first-
 DEFAULT_TOOL_ORDER = ("local_search", "google_search", "web_search", "snippet_search")
 TOOL_OUTPUT_RESERVE = 1024  # tokens kept free for the next tool output
 WALL_CLOCK_RESEARCH_SHARE = 0.7  # past this share of the wall-clock budget, stop researching and write
+
+
+def tool_output_budget(w: SequenceWriter, deps: AgentDeps) -> int:
+    """Tokens the next tool output may take: the reserve, or less when review and answer need the room."""
+    caps = deps.options.token_caps
+    room = deps.options.context_tokens - w.tokens_used() - caps.review - caps.answer
+    return max(64, min(TOOL_OUTPUT_RESERVE, room))
 
 
 def _out_of_room(w: SequenceWriter, deps: AgentDeps) -> str | None:
@@ -41,13 +49,18 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
         return Command(goto="review")
     deps.recorder.event("stage", {"stage": "research", "turn": n_calls + 1})
     gen = await w.sample("research", STOPS, deps.options.token_caps.research)
+    if gen.stop is None and gen.finish_reason == "stop" and _open_call(gen.text):
+        # A server that drops stop strings and could not say which one matched: an open call means </call_tool>.
+        gen = replace(gen, stop="</call_tool>")
     if gen.stop not in CALL_STOPS and n_calls == 0 and (tool := default_tool(deps)):
         return await _forced_first_call(w, deps, tool)
     if gen.stop in CALL_STOPS:
         await w.keep_closed("research", gen, gen.stop)
         return _to_tools(w, gen.text)
-    if gen.stop == "</review>":
-        # The model reviewed in this turn (path B): from its last <think> on, this is Stage 3 (METHOD §5.1).
+    if gen.stop == "</review>" and "<review>" in gen.text:
+        # The model reviewed in this turn (path B): from its last <think> on, this is Stage 3 (METHOD §5.1). The
+        # whole turn is recorded as review: it starts right after a tool output, normally with that <think>; a plan
+        # update written in the same final turn is counted as review too (spans are decided per turn, not per token).
         await w.keep_closed("review", gen, "</review>")
         return Command(goto="answer", update={"turns": w.new})
     if gen.stop == "</answer>":
@@ -58,9 +71,14 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
     return Command(goto="review", update={"turns": w.new})
 
 
+def _open_call(text: str) -> bool:
+    low = text.lower()
+    return low.rfind("<call_tool") > max(low.rfind("</call_tool>"), low.rfind("</tool_output>"))
+
+
 def default_tool(deps: AgentDeps) -> str | None:
-    """The tool a forced first call uses: local documents first, then web search."""
-    return next((t for t in DEFAULT_TOOL_ORDER if t in deps.tools), next(iter(sorted(deps.tools)), None))
+    """The tool a forced first call uses: local documents first, then web search (never browse with a query)."""
+    return next((t for t in DEFAULT_TOOL_ORDER if t in deps.tools), None)
 
 
 async def _forced_first_call(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+from dataclasses import replace
 from typing import Literal
 
 from langgraph.runtime import Runtime
@@ -14,6 +15,7 @@ from agent.errors import ToolError
 from agent.parse import ParsedCall
 from agent.sequence import SequenceWriter
 from agent.state import ResearchState
+from agent.nodes.research import tool_output_budget
 from agent.tools.registry import resolve_tool_name
 from store.records import Snippet, ToolCallRecord
 
@@ -29,7 +31,7 @@ def render_output(snippets: tuple[Snippet, ...] | list[Snippet], error: str | No
     parts = []
     for s in snippets:
         tag = "webpage" if s.tool == "browse_webpage" else "snippet"
-        title = f"Title: {s.title}\n" if s.title else ""
+        title = f"Title: {html.escape(s.title, quote=False)}\n" if s.title else ""
         parts.append(f'<{tag} id="{s.id}">\n{title}{html.escape(s.text, quote=False)}\n</{tag}>')
     return "\n<tool_output>\n" + "\n".join(parts) + "\n</tool_output>\n"
 
@@ -53,6 +55,26 @@ async def _execute(call: ParsedCall, deps: AgentDeps) -> tuple[str, tuple[Snippe
     return name, tuple(found), None
 
 
+async def fit_output(
+    snippets: tuple[Snippet, ...], error: str | None, budget: int, w: SequenceWriter
+) -> tuple[tuple[Snippet, ...], str, tuple[int, ...]]:
+    """Drop trailing snippets (then shorten the last one) until the rendered block fits `budget` tokens.
+
+    The returned snippets are exactly what the model sees, so citations are checked against them only.
+    """
+    while True:
+        text = render_output(snippets, error)
+        ids = await w.tokenize(text)
+        if len(ids) <= budget or not snippets:
+            return snippets, text, ids
+        if len(snippets) > 1:
+            snippets = snippets[:-1]
+        else:
+            last = snippets[0]
+            keep = int(len(last.text) * budget / len(ids) * 0.9)
+            snippets = (replace(last, text=last.text[:keep].rstrip() + " …"),) if keep > 20 else ()
+
+
 async def tools(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[Literal["research"]]:
     """Execute the pending call (or report why it could not be read) and append the tool output."""
     deps = runtime.context
@@ -68,7 +90,10 @@ async def tools(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[Li
             tool=name, query=call.query, attrs=dict(call.attrs), snippets=snippets, error=error,
             seconds=round(deps.clock() - started, 3),
         )
-    await w.insert("research", render_output(record.snippets, record.error), kind="tool_output")
+    snippets, text, ids = await fit_output(record.snippets, record.error, tool_output_budget(w, deps), w)
+    if len(snippets) < len(record.snippets) or snippets != record.snippets:
+        record = replace(record, snippets=snippets)
+    w.insert_tokenized("research", text, ids, kind="tool_output")
     deps.recorder.tool_call(record)
     deps.recorder.event("search_done", {"tool": record.tool, "results": len(record.snippets), "error": record.error})
     errors = state.get("consecutive_tool_errors", 0) + 1 if record.error else 0

@@ -132,3 +132,27 @@ def test_length_limited_turns_are_kept_and_closed(local_tools: dict) -> None:  #
     assert sampled and all(len(t.token_ids) <= 40 for t in sampled)
     assert all(t.finish_reason == "length" for t in sampled)
     assert traj.assistant_text.count("</structured_plan>") == 1
+
+
+def test_oversized_tool_output_is_cut_to_fit_and_only_shown_snippets_count(small_index) -> None:  # type: ignore[no-untyped-def]
+    from agent.tools.local_search import LocalSearch
+
+    tools = {"local_search": LocalSearch(small_index, k=30, snippet_chars=5000)}
+    traj = run(ScriptedPolicy(well_formed(n_calls=1, bogus_cite=False)), tools, context_tokens=65536).trajectory
+    output = next(t for t in traj.turns if t.kind == "tool_output")
+    assert len(output.token_ids) <= 1024
+    shown = traj.tool_calls[0].snippets
+    assert shown and all(f'id="{s.id}"' in output.text for s in shown)
+    assert output.text.count("<snippet id=") == len(shown)
+
+
+def test_bad_settings_exit_2_without_echoing_secrets(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "RUBRICEM_AGENT__POLICY_BASE_URL": "http://x/v1", "RUBRICEM_AGENT__POLICY_API_KEY": "sk-TOPSECRET",
+           "RUBRICEM_STORE__DATA_DIR": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-m", "app.cli", "ask", "hello?"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "policy_base_url" in p.stderr and "sk-TOPSECRET" not in p.stderr + p.stdout
