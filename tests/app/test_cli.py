@@ -75,3 +75,16 @@ def test_ingest_refuses_unreadable_files_and_sessions_show_unknown_id(env: dict[
 
 def test_env_example_documents_every_setting() -> None:
     assert (ROOT / ".env.example").read_text(encoding="utf-8") == env_example() + "\n"
+
+
+def test_ingest_indexes_a_folder_and_reingest_replaces(env: dict[str, str], tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("# Nebula notes\n\nThe Crab Nebula is a supernova remnant in Taurus.", encoding="utf-8")
+    (docs / "b.jsonl").write_text('{"title": "Orion", "text": "The Orion Nebula is visible to the naked eye."}\n',
+                                  encoding="utf-8")
+    first = rubricem(["ingest", str(docs)], env, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "from 2 file(s); index holds 2" in first.stderr
+    again = rubricem(["ingest", str(docs)], env, timeout=300)
+    assert again.returncode == 0 and "index holds 2" in again.stderr  # replaced, not duplicated
