@@ -255,17 +255,20 @@ def _finish_reason(value: object) -> FinishReason:
 class VLLMPolicyClient(_HTTPPolicyBase):
     """`PolicyClient` for vLLM's OpenAI-compatible server (API_FACTS.md §1, §3).
 
-    Prompts are sent as token ids to `/v1/completions`, so the assistant sequence is exactly what was sampled. vLLM
-    returns the ids of the tokens that spelled a stop string and the EOS id too (`return_token_ids`); the client cuts
-    them off so that `token_ids`/`logprobs` cover exactly `text`:
+    Prompts are sent as token ids to `/v1/completions`, so the assistant sequence is exactly what was sampled. The
+    request sets `include_stop_str_in_output`, so the closing tag the model sampled stays in the turn and is trained
+    (STYLE.md §3, METHOD.md D6). vLLM returns every sampled id (`return_token_ids`) up to the one that completed the
+    stop string, and the EOS id too. `text` is always exactly what `token_ids` spell, and `logprobs` align with them:
 
-    * EOS or a stop token id (`finish_reason` "stop", `stop_reason` null or int): the last id is dropped.
-    * A stop string: the boundary is the smallest k for which the returned per-token strings
-      (`logprobs.tokens`) spell `text`, confirmed with one `/detokenize` call. If the strings do not line up
-      (a token split across a UTF-8 character, or a token that straddles the stop string's start), the client asks
-      `/detokenize` for the longest token prefix that is a prefix of `text`. A straddling token is dropped, and so
-      are the characters it contributed before the stop string: `text` is always the decoding of `token_ids`.
-    * `max_tokens` reached: every id is kept.
+    * A stop string (`stop_reason` is that string): every id is kept. The server's `text` ends at the stop string's
+      end, but the last token may run past it (the stop `"</answer>"` completed by a token `">\n"`), so `text` is
+      the ids decoded with one `/detokenize` call, which starts with the server's text and may be a few characters
+      longer. If the decoding does not start with the server's text, the ids are unusable: the server's text is
+      retokenized (`token_source="retokenized"`, no logprobs).
+    * EOS or a stop token id (`finish_reason` "stop", `stop_reason` null or int): the last id is dropped. With
+      `include_stop_str_in_output` vLLM puts that token's text (e.g. `<|im_end|>`) in its `text` as well, so it is
+      cut off: by the last `logprobs.tokens` string, or by `/detokenize` when those strings are missing.
+    * `max_tokens` reached: every id is kept and `text` is the server's.
 
     Logprobs are vLLM's defaults: raw (before temperature) unless the server runs with
     `--logprobs-mode processed_logprobs`.
@@ -353,7 +356,7 @@ class VLLMPolicyClient(_HTTPPolicyBase):
             "top_p": 1.0,
             "n": 1,
             "stop": stops,
-            "include_stop_str_in_output": False,
+            "include_stop_str_in_output": True,  # keep the sampled closing tag: it is trained (METHOD.md D6)
             "logprobs": 1,
             "return_token_ids": True,
             "skip_special_tokens": False,
@@ -371,10 +374,13 @@ class VLLMPolicyClient(_HTTPPolicyBase):
         finish = _finish_reason(choice.get("finish_reason"))
         stop_reason = choice.get("stop_reason")
         stop = stop_reason if finish == "stop" and isinstance(stop_reason, str) else None
+        ended_on_token = finish == "stop" and stop is None  # EOS (stop_reason null) or a stop_token_ids hit (int)
         pieces, lps = _legacy_logprobs(choice.get("logprobs"))
         raw_ids = choice.get("token_ids")
         if not isinstance(raw_ids, list):
             # An older server without return_token_ids: tokenize the text; logprobs only when they line up.
+            if ended_on_token and pieces:
+                text = _drop_suffix(text, pieces[-1])
             ids = await self.tokenize(text)
             k = _smallest_spelling_prefix(pieces, text) if pieces is not None else None
             aligned = lps if (k is not None and k == len(ids) and lps is not None) else None
@@ -382,34 +388,28 @@ class VLLMPolicyClient(_HTTPPolicyBase):
         ids = tuple(int(i) for i in raw_ids)
         if lps is not None and len(lps) != len(ids):
             pieces, lps = None, None
+        keep = len(ids)
+        spelled: str | None = text
         if stop is not None:
-            cut = await self._cut_stop_string(ids, pieces, text, stop)
-            if cut is None:  # the ids do not decode to the text at all: fall back to the text alone
-                return _generation(text, await self.tokenize(text), (), finish, stop, alias, "retokenized")
-            keep, text = cut
-        elif finish == "stop" and ids:
-            keep = len(ids) - 1  # EOS or a stop_token_ids hit: the id is returned, its text is not
-        else:
-            keep = len(ids)
+            # The ids run through the token that completed the stop string, which may end past the stop string.
+            decoded = await self._detokenize(ids)
+            spelled = decoded if decoded.startswith(text) else None
+        elif ended_on_token and ids:
+            keep = len(ids) - 1
+            spelled = await self._text_before_last(ids, pieces, text)
+        if spelled is None:  # the ids do not decode to the server's text: fall back to the text alone
+            return _generation(text, await self.tokenize(text), (), finish, stop, alias, "retokenized")
         logprobs = tuple(lps[:keep]) if lps is not None else ()
-        return _generation(text, ids[:keep], logprobs, finish, stop, alias, "server")
+        return _generation(spelled, ids[:keep], logprobs, finish, stop, alias, "server")
 
-    async def _cut_stop_string(
-        self, ids: tuple[int, ...], pieces: list[str] | None, text: str, stop: str
-    ) -> tuple[int, str] | None:
-        """How many ids spell `text` (the rest spelled the stop string) and the text they decode to; None if none do."""
-        if pieces is not None and "\ufffd" not in "".join(pieces):
-            k = _smallest_spelling_prefix(pieces, text)
-            if k is not None and await self._detokenize(ids[:k]) == text:
-                return k, text
-        # The last id completed the stop string, so it is never part of the text. Every id after the boundary starts
-        # inside the stop string's bytes, so the boundary is at most len(stop bytes) ids back: walk back that far.
-        lowest = max(0, len(ids) - len(stop.encode("utf-8")) - 2)
-        for k in range(len(ids) - 1, lowest - 1, -1):
-            decoded = await self._detokenize(ids[:k]) if k else ""
-            if text.startswith(decoded):
-                return k, decoded
-        return None
+    async def _text_before_last(self, ids: tuple[int, ...], pieces: list[str] | None, text: str) -> str | None:
+        """The text of all ids but the last (the EOS or stop token), whose text the server appended; None if unsure."""
+        last = pieces[-1] if pieces is not None else await self._detokenize(ids[-1:])
+        if last and text.endswith(last):
+            return text[: len(text) - len(last)]
+        # The token's text is not at the end (a server that left it out, or strings that do not line up): decode.
+        decoded = await self._detokenize(ids[:-1])
+        return decoded if text.startswith(decoded) and len(text) - len(decoded) <= len(last) else None
 
     async def _detokenize(self, ids: Sequence[int]) -> str:
         if not ids:
@@ -586,6 +586,10 @@ def _matched_stop(pieces: list[str] | None, k: int | None, text: str, stops: Seq
 # --------------------------------------------------------------------------------------------------------------------
 # shared response helpers
 # --------------------------------------------------------------------------------------------------------------------
+
+
+def _drop_suffix(text: str, suffix: str) -> str:
+    return text[: len(text) - len(suffix)] if suffix and text.endswith(suffix) else text
 
 
 def _first_choice(data: Mapping[str, Any]) -> Mapping[str, Any]:

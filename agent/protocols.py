@@ -36,10 +36,12 @@ class PromptContext:
 class Generation:
     """One sampled continuation, normalised across servers.
 
-    `text` is what `token_ids` spell (EOS excluded). `stop` names the stop string that ended the generation (None
-    for EOS/length). Whether `text` ends with that stop string depends on the server: vLLM and the in-process backend
-    return the tokens that spelled it, the llama.cpp server drops them. The graph checks `text.endswith(stop)` and
-    appends the closing tag as a forced (masked) turn when it is missing (STYLE.md §3).
+    `text` is exactly what `token_ids` spell (an EOS id is never included). `stop` names the stop string that ended
+    the generation (None for EOS/length). vLLM and the in-process backend keep the tokens that spelled the stop string,
+    so the sampled closing tag is trained (METHOD.md D6): `text` contains it at its end, possibly followed by a few
+    characters when the last token runs past the stop string. The llama.cpp server drops the stop string, so `text`
+    excludes it. The graph appends the closing tag as a forced (masked) turn when it is not near the end of `text`
+    (STYLE.md §3).
     """
 
     text: str

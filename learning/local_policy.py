@@ -193,11 +193,11 @@ class TransformersPolicyClient:
     thread (`asyncio.to_thread`) and holds a lock for its whole duration. Adapter swaps take the same lock, so a
     request in progress finishes on the old weights and the next one uses the new ones.
 
-    Stop strings are matched on the decoded continuation after every token, so they may span tokens. The returned
-    `text` ends before the stop string and `token_ids`/`logprobs` are exactly the tokens that spell it. When the stop
-    string starts in the middle of a token (e.g. the stop `"swer"` inside the token `" answer"`), that token is kept
-    out, and so are the characters it contributed before the stop string (`" an"`): `text` is always
-    `decode(token_ids)`. The EOS token is never included.
+    Stop strings are matched on the decoded continuation after every token, so they may span tokens. Generation ends
+    at the token that completes a stop string, and that token is kept with every token before it: the closing tag the
+    model sampled is trained (STYLE.md §3, METHOD.md D6). `text` is always `decode(token_ids)`, so it ends with the
+    stop string, or runs a few characters past it when the last token spans past the stop string's end (the stop
+    `"</answer>"` completed by a token `">\n"`). `logprobs` align with `token_ids`. The EOS token is never included.
 
     Logprobs are the log-softmax of the distribution actually sampled from (logits divided by the temperature, top-p
     = 1). With temperature 0 (greedy) they are the log-softmax of the raw logits.
@@ -557,7 +557,8 @@ class TransformersPolicyClient:
                     text = self.decode(ids)
                     hit = _earliest_stop(text, stops)
                     if hit is not None:
-                        return self._cut_at_stop(ids, logprobs, text[: hit[0]], hit[1], version)
+                        # this token completed the stop string (it was absent a step ago): keep it and stop here
+                        return self._finish(ids, logprobs, "stop", hit[1], version)
                 if step + 1 < max_tokens:
                     logits = self._step(token)
         return self._finish(ids, logprobs, "length", None, version)
@@ -572,14 +573,6 @@ class TransformersPolicyClient:
             policy_version=version,
             token_source="server",
         )
-
-    def _cut_at_stop(self, ids: list[int], logprobs: list[float], before: str, stop: str, version: str) -> Generation:
-        # The last token completed the stop string. Keep the longest token prefix whose decoding is a prefix of the
-        # text before the stop string; a token that straddles the stop string's start is dropped with its characters.
-        k = len(ids)
-        while k > 0 and not before.startswith(self.decode(ids[:k])):
-            k -= 1
-        return self._finish(ids[:k], logprobs[:k], "stop", stop, version)
 
 
 def _earliest_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:

@@ -124,35 +124,72 @@ def test_greedy_is_deterministic(
     _check_aligned(embedded_policy, greedy)
 
 
-@pytest.mark.parametrize("mid_token", [False, True], ids=["at-token-start", "mid-token"])
-def test_stop_string_spanning_tokens(
-    embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation, mid_token: bool
+def _near_end(stop: str, text: str) -> bool:
+    """The graph's test (`SequenceWriter.keep_closed`) for "the sampled turn kept its closing tag"."""
+    return stop in text[-(len(stop) + 8) :]
+
+
+@pytest.mark.parametrize("variant", ["spans-past", "mid-token", "whole-tokens"])
+def test_stop_string_tokens_are_kept(
+    embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation, variant: str
 ) -> None:
     pieces = [embedded_policy.decode([t]) for t in greedy.token_ids]
-    # a token i (not the first) followed by one more, both with visible characters, whose text does not occur earlier
+
+    def stop_at(j: int) -> tuple[str, int]:
+        """The stop string for token j and token j+1, and where it starts in the greedy text."""
+        start = len("".join(pieces[:j]))
+        if variant == "spans-past":  # starts with token j, ends inside token j+1
+            return pieces[j] + pieces[j + 1][:1], start
+        if variant == "mid-token":  # starts inside token j, ends inside token j+1
+            return pieces[j][1:] + pieces[j + 1][:1], start + 1
+        return pieces[j] + pieces[j + 1], start  # exactly tokens j and j+1
+
+    # tokens j (not the first) and j+1 with visible characters, j+1 at least two characters long, the stop string
+    # first occurring at that place, and the pieces spelling the decoded prefix
     i = next(
         j for j in range(2, len(pieces) - 1)
-        if len(pieces[j].strip()) >= 3 and pieces[j + 1].strip()
-        and greedy.text.find(pieces[j] + pieces[j + 1][:1]) == len("".join(pieces[:j]))
+        if len(pieces[j].strip()) >= 3 and len(pieces[j + 1].strip()) >= 2
+        and greedy.text.find(stop_at(j)[0]) == stop_at(j)[1]
+        and embedded_policy.decode(greedy.token_ids[: j + 2]) == "".join(pieces[: j + 2])
     )  # fmt: skip
-    stop = (pieces[i][1:] if mid_token else pieces[i]) + pieces[i + 1][:1]
-    assert greedy.text.find(stop) >= len("".join(pieces[:i]))
+    stop, _ = stop_at(i)
     gen = _run(embedded_policy.generate(ctx, stop=["</never>", stop], max_tokens=16, temperature=0.0))
     assert gen.stop == stop and gen.finish_reason == "stop"
-    assert stop not in gen.text
-    # the stop string starts in token i: token i is kept out (mid-token) or is the stop's first token
-    assert gen.token_ids == greedy.token_ids[:i]
-    assert gen.text == "".join(pieces[:i]) and greedy.text.startswith(gen.text)
-    assert gen.logprobs == pytest.approx(greedy.logprobs[:i], abs=1e-6)
+    # generation ends at token i+1, which completed the stop string; every token up to it is kept (and trained)
+    assert gen.token_ids == greedy.token_ids[: i + 2]
+    assert gen.text == "".join(pieces[: i + 2]) and greedy.text.startswith(gen.text)
+    assert gen.logprobs == pytest.approx(greedy.logprobs[: i + 2], abs=1e-6)
+    overrun = pieces[i + 1][1:] if variant != "whole-tokens" else ""  # what token i+1 spells past the stop string
+    assert gen.text.endswith(stop + overrun) and gen.text.count(stop) == 1
+    assert _near_end(stop, gen.text)
     _check_aligned(embedded_policy, gen)
 
 
-def test_stop_string_inside_first_token_gives_empty_text(
+def test_stop_string_in_first_token_keeps_that_token(
     embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation
 ) -> None:
     first = embedded_policy.decode(greedy.token_ids[:1])
     gen = _run(embedded_policy.generate(ctx, stop=[first], max_tokens=8, temperature=0.0))
-    assert (gen.text, gen.token_ids, gen.logprobs, gen.stop) == ("", (), (), first)
+    assert (gen.text, gen.token_ids, gen.stop) == (first, greedy.token_ids[:1], first)
+    assert gen.logprobs == pytest.approx(greedy.logprobs[:1], abs=1e-6)
+    _check_aligned(embedded_policy, gen)
+
+
+def test_sampled_closing_tag_is_kept(embedded_policy: TransformersPolicyClient) -> None:
+    # The graph's situation: a forced opening tag, then the model samples the answer and its closing tag.
+    ctx = _run(embedded_policy.render_prompt([
+        ChatMessage("system", "You are a helpful assistant."),
+        ChatMessage("user", "What is the capital of France? Reply as <answer>city</answer>."),
+    ]))  # fmt: skip
+    ext = PromptContext("", ctx.token_ids + _run(embedded_policy.tokenize("<answer>")))
+    free = _run(embedded_policy.generate(ext, stop=[], max_tokens=12, temperature=0.0))
+    assert "</answer>" in free.text, free.text  # greedy SmolLM2 closes the tag here
+    gen = _run(embedded_policy.generate(ext, stop=["</call_tool>", "</answer>"], max_tokens=12, temperature=0.0))
+    assert gen.stop == "</answer>" and gen.finish_reason == "stop"
+    assert gen.text == free.text[: free.text.index("</answer>")] + "</answer>"  # tokens end exactly at the tag here
+    assert free.token_ids[: len(gen.token_ids)] == gen.token_ids
+    assert _near_end("</answer>", gen.text)
+    _check_aligned(embedded_policy, gen)
 
 
 def test_seeded_sampling_is_reproducible(embedded_policy: TransformersPolicyClient, ctx: PromptContext) -> None:

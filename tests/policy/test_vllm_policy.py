@@ -1,8 +1,9 @@
 """VLLMPolicyClient against a vLLM stand-in that answers the documented request/response shapes (API_FACTS §1, §3).
 
 The stand-in is an `httpx.MockTransport` handler that tokenizes with SmolLM2's real tokenizer and replays vLLM's
-documented stop/EOS semantics: `text` cut before the stop string, `token_ids` including the stop-string tokens and the
-EOS id, `stop_reason` naming the matched string.
+stop/EOS semantics (`vllm/v1/engine/detokenizer.py`): `token_ids` run through the token that completed the stop string
+(or the EOS id); `text` is cut before the stop string, or with `include_stop_str_in_output` right after it, in which
+case the EOS token's text is in `text` too; `stop_reason` names the matched string.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class VLLMStandIn:
         self.faults: deque[Fault] = deque()  # answered (or raised) before normal handling
         self.requests: list[tuple[str, dict[str, Any], httpx.Headers]] = []
         self.return_token_ids_supported = True
+        self.logprobs_supported = True
+        self.texts: list[str] = []  # the `text` of every completion answered
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -102,8 +105,9 @@ class VLLMStandIn:
         text, finish, stop_reason = "", "length", None
         for token in sampled[:max_tokens]:
             ids.append(token)
-            if token == self.tok.eos_token_id:  # EOS: id returned, its text never in `text`
-                text, finish = self.tok.decode(ids[:-1], skip_special_tokens=skip_special), "stop"
+            if token == self.tok.eos_token_id:  # EOS: id returned; its text only with include_stop_str_in_output
+                shown = ids if body.get("include_stop_str_in_output") else ids[:-1]
+                text, finish = self.tok.decode(shown, skip_special_tokens=skip_special), "stop"
                 break
             text = self.tok.decode(ids, skip_special_tokens=skip_special)
             hit = next(((s, text.find(s)) for s in stops if s in text), None)  # vLLM: list order
@@ -123,7 +127,7 @@ class VLLMStandIn:
                 "top_logprobs": [{p: lp} for p, lp in zip(pieces, logprobs, strict=True)],
                 "text_offset": offsets,
             }
-            if body.get("logprobs") is not None
+            if body.get("logprobs") is not None and self.logprobs_supported
             else None,
             "finish_reason": finish,
             "stop_reason": stop_reason,
@@ -131,6 +135,7 @@ class VLLMStandIn:
             "prompt_logprobs": None,
             "prompt_token_ids": prompt if body.get("return_token_ids") else None,
         }
+        self.texts.append(text)
         return httpx.Response(
             200,
             json={
@@ -219,33 +224,65 @@ def test_tokenize_without_special_tokens(server: VLLMStandIn, tokenizer: Any) ->
     assert _run(client.tokenize("")) == ()
 
 
-def test_generate_cuts_stop_string_tokens(server: VLLMStandIn, tokenizer: Any) -> None:
+def _near_end(stop: str, text: str) -> bool:
+    """The graph's test (`SequenceWriter.keep_closed`) for "the sampled turn kept its closing tag"."""
+    return stop in text[-(len(stop) + 8) :]
+
+
+def _decode(tokenizer: Any, ids: Any) -> str:
+    return str(tokenizer.decode(list(ids), skip_special_tokens=False))
+
+
+def test_generate_keeps_stop_string_tokens(server: VLLMStandIn, tokenizer: Any) -> None:
     client = _client(server)
     ctx = _run(_prompt(client))
     server.outputs.append("<answer>Shakespeare wrote it.</answer> trailing words")
     gen = _run(client.generate(ctx, stop=["</answer>", "</review>"], max_tokens=40, temperature=0.7, seed=3))
-    assert gen.text == "<answer>Shakespeare wrote it."
+    assert gen.text == "<answer>Shakespeare wrote it.</answer>" == server.texts[-1]
     assert gen.stop == "</answer>" and gen.finish_reason == "stop"
-    assert tokenizer.decode(list(gen.token_ids), skip_special_tokens=False) == gen.text
+    assert list(gen.token_ids) == tokenizer(gen.text, add_special_tokens=False)["input_ids"]  # tag tokens included
+    assert _decode(tokenizer, gen.token_ids) == gen.text and _near_end("</answer>", gen.text)
     assert len(gen.logprobs) == len(gen.token_ids) and all(lp <= 0 for lp in gen.logprobs)
     assert gen.policy_version == "policy" and gen.token_source == "server"
     body = next(b for p, b, _ in server.requests if p == "/v1/completions")
     assert body["prompt"] == list(ctx.token_ids)  # token-id prompt
-    assert body["stop"] == ["</answer>", "</review>"] and body["include_stop_str_in_output"] is False
+    assert body["stop"] == ["</answer>", "</review>"] and body["include_stop_str_in_output"] is True
     assert body["return_token_ids"] is True and body["logprobs"] == 1 and body["skip_special_tokens"] is False
     assert body["temperature"] == 0.7 and body["top_p"] == 1.0 and body["seed"] == 3 and body["max_tokens"] == 40
 
 
-def test_generate_drops_eos_id(server: VLLMStandIn, tokenizer: Any) -> None:
+def test_last_token_running_past_the_stop_string_is_kept_whole(server: VLLMStandIn, tokenizer: Any) -> None:
+    client = _client(server)
+    ctx = _run(_prompt(client))
+    server.outputs.append('<call_tool name="web">Hamlet</call_tool>.\nmore')  # the tokens end "</", ..., ">."
+    gen = _run(client.generate(ctx, stop=["</call_tool>"], max_tokens=40, temperature=1.0))
+    assert server.texts[-1] == '<call_tool name="web">Hamlet</call_tool>'  # the server cuts right after the stop
+    assert gen.text == '<call_tool name="web">Hamlet</call_tool>.'  # what the ids spell: one character more
+    assert gen.stop == "</call_tool>" and _near_end("</call_tool>", gen.text)
+    assert _decode(tokenizer, gen.token_ids) == gen.text and len(gen.logprobs) == len(gen.token_ids)
+    assert [p for p, _, _ in server.requests].count("/detokenize") == 2  # one for the prompt, one for the ids
+
+
+def test_generate_drops_eos_id_and_its_text(server: VLLMStandIn, tokenizer: Any) -> None:
     client = _client(server)
     ctx = _run(_prompt(client))
     server.outputs.append("William Shakespeare.<|im_end|>")
     gen = _run(client.generate(ctx, stop=["</answer>"], max_tokens=40, temperature=0.0))
+    assert server.texts[-1] == "William Shakespeare.<|im_end|>"  # vLLM shows the EOS text with include_stop_str
     assert gen.text == "William Shakespeare."
     assert gen.stop is None and gen.finish_reason == "stop"
     assert tokenizer.eos_token_id not in gen.token_ids
-    assert tokenizer.decode(list(gen.token_ids)) == gen.text
+    assert _decode(tokenizer, gen.token_ids) == gen.text
     assert len(gen.logprobs) == len(gen.token_ids)
+
+
+def test_eos_without_logprob_strings_uses_detokenize(server: VLLMStandIn, tokenizer: Any) -> None:
+    server.logprobs_supported = False
+    client = _client(server)
+    server.outputs.append("Marlowe did not.<|im_end|>")
+    gen = _run(client.generate(PromptContext("", (1, 2, 3)), stop=["</answer>"], max_tokens=40, temperature=0.0))
+    assert gen.text == "Marlowe did not." and gen.logprobs == () and gen.token_source == "server"
+    assert tokenizer.eos_token_id not in gen.token_ids and _decode(tokenizer, gen.token_ids) == gen.text
 
 
 def test_generate_length_keeps_every_token(server: VLLMStandIn, tokenizer: Any) -> None:
@@ -257,23 +294,23 @@ def test_generate_length_keeps_every_token(server: VLLMStandIn, tokenizer: Any) 
     assert len(gen.token_ids) == 4 and tokenizer.decode(list(gen.token_ids)) == gen.text == "one two three four"
 
 
-def test_stop_string_starting_mid_token_drops_that_token(server: VLLMStandIn, tokenizer: Any) -> None:
+def test_stop_string_starting_mid_token_keeps_that_token(server: VLLMStandIn, tokenizer: Any) -> None:
     client = _client(server)
     ctx = _run(_prompt(client))
     server.outputs.append("The answer is four")  # " answer" is one token; the stop "swer" starts inside it
     gen = _run(client.generate(ctx, stop=["swer"], max_tokens=20, temperature=1.0))
     assert gen.stop == "swer"
-    assert gen.text == "The"  # the straddling token and its characters before the stop are left out
-    assert tokenizer.decode(list(gen.token_ids)) == gen.text and len(gen.logprobs) == len(gen.token_ids)
+    assert gen.text == "The answer" and len(gen.token_ids) == 2
+    assert _decode(tokenizer, gen.token_ids) == gen.text and len(gen.logprobs) == len(gen.token_ids)
 
 
-def test_stop_after_split_unicode_uses_detokenize(server: VLLMStandIn, tokenizer: Any) -> None:
+def test_stop_after_split_unicode(server: VLLMStandIn, tokenizer: Any) -> None:
     client = _client(server)
     ctx = _run(_prompt(client))
-    server.outputs.append("Go 🚀 über 東京</answer>x")
+    server.outputs.append("Go 🚀 über 東京</answer>x")  # several tokens are partial UTF-8 characters
     gen = _run(client.generate(ctx, stop=["</answer>"], max_tokens=40, temperature=1.0))
-    assert gen.text == "Go 🚀 über 東京" and gen.stop == "</answer>"
-    assert tokenizer.decode(list(gen.token_ids)) == gen.text
+    assert gen.text == "Go 🚀 über 東京</answer>" and gen.stop == "</answer>"
+    assert _decode(tokenizer, gen.token_ids) == gen.text
     assert len(gen.logprobs) == len(gen.token_ids)
 
 
@@ -307,7 +344,7 @@ def test_server_without_token_ids_falls_back_to_retokenizing(server: VLLMStandIn
     ctx = PromptContext(text="", token_ids=(1, 2, 3))
     server.outputs.append("Hamlet is a play.</answer>")
     gen = _run(client.generate(ctx, stop=["</answer>"], max_tokens=30, temperature=0))
-    assert gen.text == "Hamlet is a play." and gen.token_source == "retokenized"
+    assert gen.text == "Hamlet is a play.</answer>" and gen.token_source == "retokenized"
     assert list(gen.token_ids) == tokenizer(gen.text, add_special_tokens=False)["input_ids"]
     assert len(gen.logprobs) == len(gen.token_ids)  # the token strings line up with the retokenized ids here
 
