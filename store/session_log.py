@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from store.errors import (
     DuplicateSession,
@@ -77,6 +77,21 @@ class SessionSummary:
     n_tool_calls: int
     malformed: bool
     error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JudgementRecord:
+    """One stored judgement (or recorded judging failure) of a session."""
+
+    judgement_id: int
+    session_id: str
+    judge_model: str
+    payload: dict[str, Any]
+    status: str  # "ok" | "failed"
+    error: str | None
+    judge_kind: str
+    rubric_version: str
+    created_at: str
 
 
 # --- encoding helpers -------------------------------------------------------------------------------------------
@@ -572,24 +587,85 @@ class SessionLog:
                 (final, *values, now, now, session_id),
             )
 
-    def record_judgement(self, session_id: str, judge_model: str, payload: Mapping[str, object]) -> None:
-        """Store a judgement of a completed session (so it leaves `completed_unjudged`).
+    def record_judgement(
+        self,
+        session_id: str,
+        judge_model: str,
+        payload: Mapping[str, object],
+        *,
+        status: Literal["ok", "failed"] = "ok",
+        error: str | None = None,
+        judge_kind: str = "llm",
+        rubric_version: str = "",
+    ) -> int:
+        """Store a judgement of a completed session; returns its id.
+
+        An "ok" judgement takes the session out of `completed_unjudged`; a "failed" one is a recorded failure (with
+        its error), and the session is offered for judging again.
 
         Raises:
-            InvalidInput: Bad model name or payload (nothing was written).
+            InvalidInput: Bad model name, payload, status or kind (nothing was written).
             SessionNotFound: Unknown id.
             SessionNotCompleted: The session is running or failed.
         """
-        values = (_label_in(judge_model, "judge_model"), _mapping_in(payload, "payload"))
+        if status not in ("ok", "failed"):
+            raise InvalidInput(f"judgement status must be 'ok' or 'failed', got {status!r}")
+        if status == "failed" and not error:
+            raise InvalidInput("a failed judgement needs an error message")
+        values = (
+            _label_in(judge_model, "judge_model"),
+            _mapping_in(payload, "payload"),
+            status,
+            error,
+            _label_in(judge_kind, "judge_kind"),
+            _label_in(rubric_version, "rubric_version", allow_empty=True),
+        )
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
-            status = self._status(conn, session_id)
-            if status != "completed":
-                raise SessionNotCompleted(session_id, status, "record a judgement")
-            conn.execute(
-                "INSERT INTO judgements (session_id, judge_model, payload_json, created_at) VALUES (?, ?, ?, ?)",
+            current = self._status(conn, session_id)
+            if current != "completed":
+                raise SessionNotCompleted(session_id, current, "record a judgement")
+            cursor = conn.execute(
+                "INSERT INTO judgements (session_id, judge_model, payload_json, status, error, judge_kind, "
+                "rubric_version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (session_id, *values, now),
             )
+            return int(cursor.lastrowid or 0)
+
+    def judgements(self, session_id: str) -> list[JudgementRecord]:
+        """Every judgement of a session, oldest first (failed attempts included)."""
+        with self._transaction("DEFERRED") as conn:
+            self._status(conn, session_id)
+            rows = conn.execute(
+                "SELECT judgement_id, judge_model, payload_json, status, error, judge_kind, rubric_version, created_at "
+                "FROM judgements WHERE session_id = ? ORDER BY judgement_id",
+                (session_id,),
+            ).fetchall()
+        return [
+            JudgementRecord(int(r[0]), session_id, r[1], json.loads(r[2]), r[3], r[4], r[5], r[6], r[7]) for r in rows
+        ]
+
+    def save_rubric_buffer(self, question_sha: str, question: str, payload: Mapping[str, object]) -> int:
+        """Insert or replace the rubric buffer of a question; returns its new version (1, 2, ...)."""
+        values = (_label_in(question_sha, "question_sha"), _mapping_in(payload, "payload"))
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            row = conn.execute("SELECT version FROM rubric_buffers WHERE question_sha = ?", (values[0],)).fetchone()
+            version = int(row[0]) + 1 if row else 1
+            conn.execute(
+                "INSERT OR REPLACE INTO rubric_buffers (question_sha, question, payload_json, version, updated_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (values[0], question, values[1], version, now),
+            )
+            return version
+
+    def load_rubric_buffer(self, question_sha: str) -> tuple[dict[str, Any], int] | None:
+        """The saved buffer payload of a question and its version, or None."""
+        with self._transaction("DEFERRED") as conn:
+            row = conn.execute(
+                "SELECT payload_json, version FROM rubric_buffers WHERE question_sha = ?", (question_sha,)
+            ).fetchone()
+        return (json.loads(row[0]), int(row[1])) if row else None
 
     def mark_stale_running_failed(self, older_than: timedelta) -> int:
         """Crash recovery: fail sessions still "running" whose last write is at least `older_than` ago.
@@ -718,7 +794,7 @@ class SessionLog:
         with self._transaction("DEFERRED") as conn:
             rows = conn.execute(
                 "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND s.finished_at >= ? "
-                "AND NOT EXISTS (SELECT 1 FROM judgements j WHERE j.session_id = s.session_id) "
+                "AND NOT EXISTS (SELECT 1 FROM judgements j WHERE j.session_id = s.session_id AND j.status = 'ok') "
                 "ORDER BY s.finished_at, s.rowid LIMIT ?",
                 ("" if since is None else _iso(since), -1 if limit is None else limit),
             ).fetchall()

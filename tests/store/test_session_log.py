@@ -102,14 +102,16 @@ def test_open_creates_parent_folder_applies_migrations_once_and_records_version(
     path = tmp_path / "a" / "b" / "log.sqlite3"
     with SessionLog(path) as first:
         sid = new_session(first)
-        assert first.pragmas()["user_version"] == 1
+        assert first.pragmas()["user_version"] == len(load_migrations())
     with SessionLog(path) as second:  # re-opening re-runs nothing and keeps the data
         assert second.get(sid).status == "running"
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        assert conn.execute("SELECT version, name FROM schema_migrations").fetchall() == [(1, "0001_init.sql")]
+        assert conn.execute("SELECT version, name FROM schema_migrations").fetchall() == [
+            (m.version, m.name) for m in load_migrations()
+        ]
         assert apply_migrations(conn) == ()
-        assert conn.execute("SELECT COUNT(*) FROM schema_migrations").fetchone() == (1,)
+        assert conn.execute("SELECT COUNT(*) FROM schema_migrations").fetchone() == (len(load_migrations()),)
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
         assert {"sessions", "turns", "tool_calls", "snippets", "judgements", "schema_migrations"} <= tables
     finally:
@@ -127,29 +129,31 @@ def test_failed_migration_rolls_back_and_a_fixed_one_applies(tmp_path: Path) -> 
     path = tmp_path / "log.sqlite3"
     SessionLog(path).close()
     folder = _copy_migrations(tmp_path / "migrations")
-    (folder / "0002_notes.sql").write_text(
+    n = len(load_migrations())
+    nxt = f"{n + 1:04d}_notes.sql"
+    (folder / nxt).write_text(
         "CREATE TABLE notes (note TEXT);\n"
         "ALTER TABLE sessions ADD COLUMN note TEXT;\n"
         "INSERT INTO no_such_table VALUES (1);\n"
     )
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        with pytest.raises(MigrationError, match="0002_notes.sql failed and was rolled back"):
+        with pytest.raises(MigrationError, match=f"{nxt} failed and was rolled back"):
             apply_migrations(conn, load_migrations(folder))
         assert not conn.in_transaction
         assert conn.execute("SELECT name FROM sqlite_schema WHERE name = 'notes'").fetchone() is None
         assert "note" not in {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}
-        assert conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone() == (1,)
-        assert conn.execute("PRAGMA user_version").fetchone() == (1,)
+        assert conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone() == (n,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (n,)
 
         fixed = "CREATE TABLE notes (note TEXT);\nALTER TABLE sessions ADD COLUMN note TEXT;\n"
-        (folder / "0002_notes.sql").write_text(fixed)
-        assert apply_migrations(conn, load_migrations(folder)) == (2,)
+        (folder / nxt).write_text(fixed)
+        assert apply_migrations(conn, load_migrations(folder)) == (n + 1,)
         assert apply_migrations(conn, load_migrations(folder)) == ()
-        assert conn.execute("PRAGMA user_version").fetchone() == (2,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (n + 1,)
     finally:
         conn.close()
-    # The shipped code knows only version 1: it must refuse a database written by newer code.
+    # The shipped code knows only versions up to n: it must refuse a database written by newer code.
     with pytest.raises(MigrationError, match="newer"):
         SessionLog(path)
 
@@ -219,7 +223,7 @@ def test_concurrent_first_opens_apply_each_migration_once(tmp_path: Path) -> Non
         t.join()
     assert errors == []
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT COUNT(*) FROM schema_migrations").fetchone() == (1,)
+    assert conn.execute("SELECT COUNT(*) FROM schema_migrations").fetchone() == (len(load_migrations()),)
     conn.close()
 
 
@@ -760,3 +764,26 @@ def test_copying_the_database_file_while_open_keeps_committed_turns(tmp_path: Pa
             shutil.copy(path.with_name(path.name + suffix), backup / (path.name + suffix))
     with SessionLog(backup / path.name) as restored:
         assert len(restored.get(sid).trajectory.turns) == 1
+
+
+def test_judgement_outcomes_and_rubric_buffers_round_trip(tmp_path: Path) -> None:
+    from store.records import PromptRecord
+
+    log = SessionLog(tmp_path / "j.sqlite3")
+    sid = log.create_session("q?", PromptRecord("p", (1, 2), "h"), {}, "base")
+    log.finish(sid, "completed", report="r")
+    assert log.completed_unjudged() == [sid]
+    log.record_judgement(sid, "judge-x", {"attempt": 1}, status="failed", error="judge timed out", judge_kind="llm")
+    assert log.completed_unjudged() == [sid]  # a failed attempt is recorded, and the session is offered again
+    log.record_judgement(sid, "offline-minilm", {"stages": {"answer": 0.5}}, judge_kind="offline", rubric_version="3")
+    assert log.completed_unjudged() == []
+    recs = log.judgements(sid)
+    assert [(r.status, r.judge_kind, r.error) for r in recs] == [
+        ("failed", "llm", "judge timed out"), ("ok", "offline", None)]
+    assert recs[1].payload == {"stages": {"answer": 0.5}} and recs[1].rubric_version == "3"
+    with pytest.raises(InvalidInput):
+        log.record_judgement(sid, "judge-x", {}, status="failed")  # a failure needs its error
+    assert log.load_rubric_buffer("abc") is None
+    assert log.save_rubric_buffer("abc", "q?", {"active": []}) == 1
+    assert log.save_rubric_buffer("abc", "q?", {"active": [1]}) == 2
+    assert log.load_rubric_buffer("abc") == ({"active": [1]}, 2)
