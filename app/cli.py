@@ -21,6 +21,7 @@ from agent.errors import AgentError, InputError, IngestError
 from app import events as ev
 from app.container import ConfigurationError
 from app.settings import Settings
+from learning.errors import LearningError
 from store.doc_index import DocIndexError
 from store.errors import InvalidInput, SessionNotFound, StoreError
 
@@ -154,6 +155,12 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         print(f"error     {rec.error}")
     print(f"turns     {len(traj.turns)} ({sum(len(t.token_ids) for t in traj.turns)} tokens, "
           f"{sum(sum(t.mask) for t in traj.turns)} trainable); tool calls {len(traj.tool_calls)}")
+    for j in log.judgements(rec.session_id) if rec.status == "completed" else []:
+        stages = j.payload.get("stages", {}) if j.status == "ok" else {}
+        scores = ", ".join(
+            f"{name}={'-' if v.get('score') is None else format(v['score'], '.2f')}" for name, v in stages.items()
+        )
+        print(f"judgement {j.created_at} {j.status} {j.judge_kind}/{j.judge_model}: {scores or j.error}")
     if args.turns:
         for i, t in enumerate(traj.turns):
             print(f"--- turn {i}: {t.stage} / {t.kind} / {len(t.token_ids)} tokens / {t.policy_version}")
@@ -161,6 +168,92 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     if rec.report:
         print("\n" + rec.report)
     return 0
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    from app.container import build_judge
+    from learning.judge.pipeline import judge_pending
+    from store.session_log import SessionLog
+
+    settings = Settings()
+    progress = Progress()
+    since = _parse_date(args.since) if args.since else None
+    log = SessionLog(settings.store.sqlite_path)
+    judge = build_judge(settings, log, say=progress.say)
+
+    async def go() -> Any:
+        try:
+            return await judge_pending(log, judge, since=since, limit=args.limit, progress=progress.say)
+        finally:
+            client = getattr(judge, "client", None)
+            if client is not None:
+                await client.aclose()
+
+    summary = asyncio.run(go())
+    u = summary.usage
+    print(f"judge {judge.model} ({judge.kind}{', approximate' if judge.kind == 'offline' else ''}): "
+          f"{summary.judged} judged, {summary.failed} failed, {summary.groups} question group(s), "
+          f"{summary.failed_stages} unscorable stage(s), {summary.fallbacks} answer-only fallback(s)")
+    if u.calls or u.cached_calls:
+        print(f"judge calls {u.calls} (+{u.cached_calls} cached), tokens {u.prompt_tokens}+{u.completion_tokens}, "
+              f"cost ${u.cost_usd:.4f}")
+    return 1 if summary.failed and not summary.judged else 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from app.container import build
+    from learning.eval.datasets import bench_spec, load_benchmark
+    from learning.eval.runner import run_eval
+
+    settings = Settings()
+    progress = Progress()
+    data = Path(args.data)
+    if not data.is_dir():
+        raise InputError(f"--data {data}: no such folder")
+    if bench_spec(args.bench).needs_judge and not settings.learning.judge.base_url:
+        raise InputError(f"{args.bench} is scored by an LLM grader: set RUBRICEM_LEARNING__JUDGE__BASE_URL and "
+                         "RUBRICEM_LEARNING__JUDGE__MODEL (see README, 'Judging and evaluation')")
+    load_benchmark(args.bench, data, limit=1)  # a bad folder fails here, before the model and index are loaded
+    out = Path(args.out) if args.out else Path("eval-runs") / args.bench
+    options = _run_options(settings, args).model_copy(update={"inject_bank": args.inject_bank})
+    services = build(settings, say=progress.say, progress=progress.bar)
+    judge = None
+    if settings.learning.judge.base_url:
+        from learning.judge.client import JudgeClient
+
+        cfg = settings.learning.judge
+        cache = (settings.learning.cache_dir or settings.store.data_dir / "judge-cache") if cfg.cache else None
+        judge = JudgeClient.from_config(cfg, cache)
+
+    def tick(done: int, total: int, item_id: str) -> None:
+        progress.say(f"[{done}/{total}] {item_id}")
+
+    async def go() -> Any:
+        try:
+            return await run_eval(args.bench, data, service=services.research, options=options, out_dir=out,
+                                  limit=args.limit, judge=judge, progress=tick, inject_bank=args.inject_bank)
+        finally:
+            await services.policy.aclose()
+            if judge is not None:
+                await judge.aclose()
+
+    summary = asyncio.run(go())
+    print(f"{summary.bench}: {summary.n} items, {summary.n_failed} failed runs, policy {summary.policy_version}, "
+          f"bank injection {summary.injection}, judge {summary.judge_model or 'none'}")
+    for name, value in summary.metrics.items():
+        print(f"  {name:<22} {value:.4f}" if isinstance(value, float) else f"  {name:<22} {value}")
+    print(f"items {summary.items_path}\nsummary {summary.summary_md}\nplot {summary.plot_path}")
+    return 0
+
+
+def _parse_date(text: str) -> Any:
+    from datetime import UTC, datetime
+
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise InputError(f"--since must be an ISO date such as 2026-11-01 or 2026-11-01T12:00, not {text!r}") from exc
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _short(text: str, n: int) -> str:
@@ -186,6 +279,21 @@ def parser() -> argparse.ArgumentParser:
     ing = sub.add_parser("ingest", help="add files (txt, md, html, pdf, jsonl) or a folder to the local index")
     ing.add_argument("path")
     ing.set_defaults(func=cmd_ingest)
+    jud = sub.add_parser("judge", help="judge completed, not-yet-judged sessions and store the judgements")
+    jud.add_argument("--since", help="only sessions finished at or after this ISO date/time (UTC if no zone)")
+    jud.add_argument("--limit", type=int, help="at most this many sessions")
+    jud.set_defaults(func=cmd_judge)
+    evl = sub.add_parser("eval", help="run the agent on a benchmark and score it with that benchmark's method")
+    evl.add_argument("bench", help="hotpotqa, musique, 2wikimultihopqa, bamboogle, simpleqa, frames, shortform, "
+                     "healthbench, deep_research_bench, scholarqa_cs")
+    evl.add_argument("--data", required=True, help="the benchmark's data folder")
+    evl.add_argument("--limit", type=int, help="at most this many items")
+    evl.add_argument("--out", help="output folder (default eval-runs/BENCH); a rerun resumes")
+    evl.add_argument("--inject-bank", action="store_true", help="retrieve rubric-bank reflections (off, as in the paper)")
+    evl.add_argument("--max-tool-calls", type=int, dest="max_tool_calls")
+    evl.add_argument("--seed", type=int)
+    evl.add_argument("--temperature", type=float)
+    evl.set_defaults(func=cmd_eval)
     ses = sub.add_parser("sessions", help="list or show logged research sessions")
     ses_sub = ses.add_subparsers(dest="action", required=True)
     lst = ses_sub.add_parser("list")
@@ -222,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except LearningError as exc:  # dataset/benchmark problems are bad input; judge failures are run failures
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2 if type(exc).__module__.startswith("learning.eval") else 1
     except (AgentError, StoreError, DocIndexError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

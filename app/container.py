@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from agent.errors import AgentError
 from agent.ingest import DEMO_SOURCE_PREFIX, ensure_demo_corpus
@@ -93,3 +94,21 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
     ensure_corpus(index, say, progress)
     tools = build_tools(settings.agent, index)
     return Services(settings, log, index, tools, policy, ResearchService(policy, tools, log, settings.agent))
+
+
+def build_judge(settings: Settings, log: SessionLog, say: Say = lambda _m: None) -> Any:
+    """The LLM judge when a judge endpoint is configured, else the offline (approximate) judge."""
+    cfg = settings.learning.judge
+    if cfg.base_url:
+        from learning.judge.client import JudgeClient
+        from learning.judge.llm import LLMJudge
+
+        cache = (settings.learning.cache_dir or settings.store.data_dir / "judge-cache") if cfg.cache else None
+        client = JudgeClient.from_config(cfg, cache)
+        return LLMJudge(client, log, trajectory_chars=cfg.trajectory_chars,
+                        citation_support_check=cfg.citation_support_check)
+    from learning.judge.offline import OfflineJudge
+
+    say("No judge endpoint configured (RUBRICEM_LEARNING__JUDGE__BASE_URL): using the offline judge — an "
+        "approximate, embedding-similarity estimate, not a real grade.")
+    return OfflineJudge(log, embedding_model=settings.store.embedding_model)

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.config import AgentConfig
+from learning.config import LearningConfig
 from store.config import StoreConfig
 
 
@@ -23,6 +24,7 @@ class Settings(BaseSettings):
     )
 
     agent: AgentConfig = AgentConfig()
+    learning: LearningConfig = LearningConfig()
     store: StoreConfig = StoreConfig()
 
 

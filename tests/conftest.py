@@ -121,3 +121,33 @@ def llamacpp_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+# --- a small real document index, shared by agent, judge and app tests --------------------------------------------
+
+DEMO_CORPUS = REPO_ROOT / "agent" / "demo_corpus" / "hotpotqa_train_corpus.json"
+
+
+@pytest.fixture(scope="session")
+def small_index(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """40 real Wikipedia passages (including Haymo of Faversham) in a fresh embedded index (embedded Chroma + MiniLM)."""
+    import json
+
+    from store.config import StoreConfig
+    from store.doc_index import DocIndex, Document
+
+    data = json.loads(DEMO_CORPUS.read_text(encoding="utf-8"))
+    titles = ["Haymo of Faversham"] + [t for t in data if t != "Haymo of Faversham"][:39]
+    docs = [Document(source=f"test:{t}", chunk=0, text=" ".join(data[t]), title=t) for t in titles]
+    index = DocIndex(StoreConfig(data_dir=tmp_path_factory.mktemp("small-index")))
+    index.add_documents(docs)
+    return index
+
+
+@pytest.fixture
+def local_tools(small_index: object) -> dict[str, object]:
+    """The real local_search tool over the small index."""
+    from agent.tools.local_search import LocalSearch
+
+    return {"local_search": LocalSearch(small_index, k=3, snippet_chars=300)}  # type: ignore[arg-type]
+

@@ -1,0 +1,151 @@
+"""Evaluation outputs: the per-item JSONL (appended as items finish, read back for resuming), summary.json, a
+Markdown summary table and a PNG plot (matplotlib, Agg backend, imported only when a plot is drawn)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+_log = logging.getLogger(__name__)
+
+MAX_TABLE_ITEMS = 50  # rows of the per-item table in summary.md (the JSONL has them all)
+
+
+def append_record(path: Path, record: Mapping[str, Any]) -> None:
+    """Append one JSON line and flush it to disk, so a crash loses at most the item in progress."""
+    line = json.dumps(record, ensure_ascii=False, default=str)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_records(path: Path) -> dict[str, dict[str, Any]]:
+    """The records of an items.jsonl by item id (a later line for the same id wins).
+
+    A line that does not parse (a write cut short by a crash) is skipped with a warning; its item is simply run
+    again.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return out
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            _log.warning("%s line %d is not valid JSON (an interrupted write?); that item will be run again", path, n)
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("id"), str):
+            out[rec["id"]] = rec
+    return out
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON atomically (temp file, then rename)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return "" if value is None else str(value)
+
+
+def _cell(text: Any, limit: int = 80) -> str:
+    s = " ".join(_fmt(text).split()).replace("|", "\\|")
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def summary_markdown(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]], plot_name: str) -> str:
+    """The human-readable summary: run facts, the metric table and the first items."""
+    judge = summary.get("judge_model") or "none (no LLM grading)"
+    lines = [
+        f"# Evaluation: {summary['bench']}",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| Data | `{summary['data_dir']}` |",
+        (
+            f"| Items | {summary['n']} (scored {summary['n_scored']}, run failed {summary['n_failed']}, "
+            f"judge failed {summary['n_judge_failed']}) |"
+        ),
+        f"| Policy version | `{summary['policy_version']}` |",
+        f"| Judge | {judge} |",
+        f"| Rubric-bank injection | {summary['injection']} |",
+        f"| Answer format | {summary['format']} |",
+        "",
+        "## Metrics",
+        "",
+        "Means over the items scored; items whose run failed are counted in `run failed`, not scored as 0.",
+        "",
+        "| metric | value | items |",
+        "|---|---:|---:|",
+    ]
+    counts = summary.get("metric_counts", {})
+    lines += [f"| {k} | {_fmt(v)} | {counts.get(k, '')} |" for k, v in summary["metrics"].items()]
+    if not summary["metrics"]:
+        lines.append("| (no scored items) | | |")
+    primary = summary.get("primary_metric", "")
+    lines += [
+        "",
+        f"![{summary['bench']} plot]({plot_name})",
+        "",
+        f"## Items (first {MAX_TABLE_ITEMS})",
+        "",
+        f"| id | status | {primary} | answer | error |",
+        "|---|---|---:|---|---|",
+    ]
+    for rec in records[:MAX_TABLE_ITEMS]:
+        metrics = rec.get("metrics") or {}
+        lines.append(
+            f"| {_cell(rec['id'], 48)} | {rec.get('status', '')} | {_fmt(metrics.get(primary))} | "
+            f"{_cell(rec.get('prediction') or rec.get('answer') or '')} | "
+            f"{_cell(rec.get('error') or rec.get('judge_error') or '')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_plot(path: Path, title: str, metrics: Mapping[str, float], primary: str, per_item: Sequence[float]) -> Path:
+    """A PNG with the metric means (bars) and the distribution of the primary metric over items (histogram)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and in CI
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    try:
+        names = list(metrics)
+        if names:
+            values = [metrics[k] for k in names]
+            left.barh(names, values, color="#4C72B0")
+            left.set_xlim(min(0.0, *values), max(1.0, *values))
+            left.invert_yaxis()
+            for y, v in enumerate(values):
+                left.text(v, y, f" {v:.3f}", va="center", fontsize=8)
+        else:
+            left.text(0.5, 0.5, "no scored items", ha="center", va="center", transform=left.transAxes)
+        left.set_title("metric means")
+        if per_item:
+            lo, hi = min(0.0, *per_item), max(1.0, *per_item)
+            right.hist(per_item, bins=10, range=(lo, hi), color="#55A868", edgecolor="white")
+        else:
+            right.text(0.5, 0.5, "no scored items", ha="center", va="center", transform=right.transAxes)
+        right.set_title(f"per-item {primary} (n={len(per_item)})")
+        right.set_xlabel(primary)
+        right.set_ylabel("items")
+        right.yaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path

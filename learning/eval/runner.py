@@ -1,0 +1,312 @@
+"""The evaluation runner: each benchmark item goes through `ResearchService.run` (rubric-bank injection off by
+default, METHOD D10), is scored with the benchmark's own method and appended to `items.jsonl`; then summary.json,
+summary.md and plot.png are written. Reruns resume: ids already in items.jsonl are skipped."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent.config import RunOptions
+from agent.protocols import PolicyClient
+from agent.report import Report
+from learning.errors import JudgeError
+from learning.eval import report as rep
+from learning.eval import scoring
+from learning.eval.datasets import BenchSpec, EvalError, EvalItem, bench_spec, load_benchmark
+from learning.judge.types import JsonJudge, Usage
+from store.records import Trajectory
+
+_log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, str], None]
+
+ITEMS_FILE, SUMMARY_JSON, SUMMARY_MD, PLOT_FILE, MANIFEST_FILE = (
+    "items.jsonl", "summary.json", "summary.md", "plot.png", "run.json",
+)  # fmt: skip
+
+
+class ResearchOutcome(Protocol):
+    """What a completed run gives back (app.service.ResearchOutcome has this shape)."""
+
+    session_id: str
+    trajectory: Trajectory
+    report: Report
+    policy_version: str
+    seconds: float
+
+
+class ResearchService(Protocol):
+    """The research service the runner drives (app.service.ResearchService; learning must not import app)."""
+
+    policy: PolicyClient
+
+    async def run(self, question: str, options: RunOptions | None = None) -> ResearchOutcome:
+        """Research one question; raises on a failed run."""
+        ...
+
+
+class JudgeRequiredError(EvalError):
+    """The benchmark is scored by an LLM grader and no judge endpoint is configured."""
+
+
+class EvalOutputConflict(EvalError):
+    """The output folder holds results of a different evaluation (another benchmark, policy or injection mode)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EvalSummary:
+    """The outcome of an evaluation run (also written to summary.json)."""
+
+    bench: str
+    n: int  # items selected (after --limit)
+    n_scored: int  # runs that completed and have the primary metric (for rubric benchmarks: were graded)
+    n_failed: int  # runs that failed (recorded with their error)
+    n_judge_failed: int  # runs that completed but whose LLM grading failed (no score, never a silent 0)
+    metrics: dict[str, float]
+    metric_counts: dict[str, int]
+    primary_metric: str
+    policy_version: str
+    judge_model: str | None
+    injection: str  # "off" (paper protocol, D10) or "on"
+    format: str
+    data_dir: str
+    grader_prompt_version: str | None
+    judge_usage: dict[str, Any]
+    out_dir: Path
+    items_path: Path
+    summary_json: Path
+    summary_md: Path
+    plot_path: Path
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (paths as strings)."""
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+
+
+def _manifest(
+    spec: BenchSpec, data_dir: Path, policy_version: str, judge: JsonJudge | None, injection: str, options: RunOptions
+) -> dict[str, Any]:
+    return {
+        "bench": spec.name, "data_dir": str(Path(data_dir).resolve()), "policy_version": policy_version,
+        "judge_model": judge.model if judge is not None else None, "injection": injection,
+        "options": options.model_dump(mode="json"),
+    }  # fmt: skip
+
+
+def _check_resume(out_dir: Path, manifest: Mapping[str, Any]) -> None:
+    """Refuse to mix results of different evaluations in one folder (results would not be comparable)."""
+    path = out_dir / MANIFEST_FILE
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise EvalOutputConflict(f"{path}: not valid JSON ({exc}); use a fresh --out folder") from exc
+    for key in ("bench", "data_dir", "policy_version", "judge_model", "injection"):
+        if old.get(key) != manifest[key]:
+            raise EvalOutputConflict(
+                f"{out_dir} holds an evaluation with {key}={old.get(key)!r}, this run has {manifest[key]!r}; "
+                "use another --out folder (or remove it) so results are not mixed"
+            )
+
+
+def _usage_dict(u: Usage) -> dict[str, Any]:
+    return u.model_dump()
+
+
+async def _score(
+    spec: BenchSpec, item: EvalItem, outcome: ResearchOutcome, judge: JsonJudge | None, record: dict[str, Any]
+) -> None:
+    """Fill the record's metrics (and the judge's grade, details and usage). A judge failure is recorded as
+    `judge_error` and leaves the judge metrics absent (never a silent 0)."""
+    body = outcome.report.body if outcome.report.answer_found else ""
+    metrics: dict[str, Any] = {}
+    record["metrics"] = metrics
+    if spec.kind == "short_form":
+        prediction = scoring.extract_prediction(body)
+        record["prediction"] = prediction
+        metrics.update(scoring.short_form_scores(prediction, item.answers))
+        gold_titles = item.metadata.get("supporting_titles")
+        if gold_titles:
+            retrieved = [s.title for s in outcome.trajectory.snippets.values()]
+            metrics["support_recall"] = scoring.support_recall(gold_titles, retrieved)
+    if judge is None:
+        return
+    try:
+        if spec.kind == "short_form":
+            graded = await scoring.grade_short_form(judge, item, record["prediction"])
+        elif spec.kind == "healthbench":
+            graded = await scoring.grade_healthbench(judge, item, body)
+        elif spec.kind == "deep_research_bench":
+            graded = await scoring.grade_race(judge, item, body)
+        else:
+            graded = await scoring.grade_scholarqa(judge, item, outcome.report.markdown, body)
+    except JudgeError as exc:
+        record["judge_error"] = f"{type(exc).__name__}: {exc}"
+        _log.warning("eval %s item %s: grading failed: %s", spec.name, item.id, record["judge_error"])
+        return
+    metrics.update(graded.metrics)
+    record["judge"] = {
+        "model": judge.model,
+        "grade": graded.grade,
+        **graded.details,
+        "usage": _usage_dict(graded.usage),
+    }
+
+
+async def _run_item(
+    spec: BenchSpec,
+    item: EvalItem,
+    service: ResearchService,
+    options: RunOptions,
+    judge: JsonJudge | None,
+    injection: str,
+) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "id": item.id, "bench": spec.name, "format": item.format, "injection": injection,
+        "question": item.question, "answers": list(item.answers),
+    }  # fmt: skip
+    started = time.monotonic()
+    try:
+        outcome = await service.run(item.question, options.model_copy(update={"format": item.format}))
+    except Exception as exc:  # noqa: BLE001 - any failed run is recorded and the batch goes on (session marked failed)
+        record.update(
+            status="failed",
+            error=f"{type(exc).__name__}: {exc}",
+            session_id=getattr(exc, "session_id", None),
+            seconds=round(time.monotonic() - started, 3),
+        )
+        _log.warning("eval %s item %s: run failed: %s", spec.name, item.id, record["error"])
+        return record
+    record.update(
+        status="ok", session_id=outcome.session_id, policy_version=outcome.policy_version,
+        seconds=round(outcome.seconds, 3), tool_calls=len(outcome.trajectory.tool_calls),
+        malformed=outcome.trajectory.malformed, answer_found=outcome.report.answer_found,
+        answer=outcome.report.body,
+    )  # fmt: skip
+    await _score(spec, item, outcome, judge, record)
+    return record
+
+
+def _summarise(
+    spec: BenchSpec,
+    items: list[EvalItem],
+    records: dict[str, dict[str, Any]],
+    manifest: Mapping[str, Any],
+    judge: JsonJudge | None,
+    out_dir: Path,
+) -> EvalSummary:
+    chosen = [records[i.id] for i in items if i.id in records]
+    ok = [r for r in chosen if r.get("status") == "ok"]
+    # Judge-based metrics are simply absent on items whose grading failed, so each mean runs over the items that
+    # have that metric (the counts are reported next to it).
+    metric_dicts = [r.get("metrics") or {} for r in ok]
+    grades = [r["judge"]["grade"] for r in ok if (r.get("judge") or {}).get("grade")]
+    metrics = scoring.aggregate(spec.kind, metric_dicts, grades)
+    counts: dict[str, int] = {}
+    for key in metrics:
+        if key.startswith("llm_"):
+            counts[key] = len(grades)
+        elif spec.kind == "healthbench":
+            counts[key] = sum(1 for m in metric_dicts if m.get("score") is not None)
+        else:
+            counts[key] = sum(1 for m in metric_dicts if m.get(key) is not None)
+    primary = scoring.PRIMARY_METRIC[spec.kind]
+    per_item = [float(m[primary]) for m in metric_dicts if isinstance(m.get(primary), int | float)]
+    # Judge spend of the graded items (a call that ended in a judge error is not in any record).
+    usage = sum((Usage.model_validate((r.get("judge") or {}).get("usage") or {}) for r in chosen), Usage())
+    summary = EvalSummary(
+        bench=spec.name, n=len(items), n_scored=len(per_item),
+        n_failed=sum(1 for r in chosen if r.get("status") != "ok"),
+        n_judge_failed=sum(1 for r in ok if "judge_error" in r),
+        metrics=metrics, metric_counts=counts, primary_metric=primary,
+        policy_version=str(manifest["policy_version"]), judge_model=judge.model if judge is not None else None,
+        injection=str(manifest["injection"]), format=items[0].format if items else "",
+        data_dir=str(manifest["data_dir"]),
+        grader_prompt_version=scoring.grader_prompt_version() if judge is not None else None,
+        judge_usage=_usage_dict(usage),
+        out_dir=out_dir, items_path=out_dir / ITEMS_FILE, summary_json=out_dir / SUMMARY_JSON,
+        summary_md=out_dir / SUMMARY_MD, plot_path=out_dir / PLOT_FILE,
+    )  # fmt: skip
+    data = {**summary.to_dict(), "written_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    rep.write_json(summary.summary_json, data)
+    summary.summary_md.write_text(rep.summary_markdown(data, chosen, PLOT_FILE), encoding="utf-8")
+    title = (
+        f"{spec.name} · n={summary.n_scored} scored · policy {summary.policy_version} · injection {summary.injection}"
+    )
+    rep.write_plot(summary.plot_path, title, metrics, primary, per_item)
+    return summary
+
+
+async def run_eval(
+    bench: str,
+    data_dir: Path,
+    *,
+    service: ResearchService,
+    options: RunOptions,
+    out_dir: Path,
+    limit: int | None = None,
+    judge: JsonJudge | None = None,
+    progress: Progress | None = None,
+    inject_bank: bool = False,
+    retry_failed: bool = False,
+) -> EvalSummary:
+    """Run the agent on a benchmark and score it with the benchmark's own method.
+
+    Items run one at a time through `service.run` with `options`, except that the answer format is the item's
+    (the benchmark's convention) and rubric-bank injection is `inject_bank` (off by default: the papers' protocol,
+    METHOD D10); the mode is recorded on every item and in the summary. Each finished item is appended to
+    `out_dir/items.jsonl` at once; a rerun skips ids already there (and, with `retry_failed`, reruns the failed ones).
+
+    Args:
+        bench: benchmark name (see `learning.eval.datasets.BENCHMARKS`).
+        data_dir: the benchmark's data folder (for `shortform`, also a single file).
+        service: the research service (policy, tools, session log).
+        options: per-run options (token caps, tool budget, temperature, ...).
+        out_dir: where items.jsonl, run.json, summary.json, summary.md and plot.png go (created if needed).
+        limit: evaluate only the first `limit` items.
+        judge: the LLM grader; required by healthbench, deep_research_bench and scholarqa_cs; optional for the
+            short-form sets (adds the correct/incorrect/not-attempted grade to EM/F1/cover-EM).
+        progress: called as progress(done, total, item_id) after each item (skipped ones included).
+        inject_bank: retrieve rubric-bank reflections into prompts (only for the inference-time reuse study).
+        retry_failed: rerun items whose earlier run failed instead of keeping the failure.
+
+    Raises:
+        UnknownBenchmarkError, DatasetError: bad benchmark name or data (nothing is run or written).
+        JudgeRequiredError: a rubric-scored benchmark without a judge (nothing is run or written).
+        EvalOutputConflict: out_dir holds another evaluation's results.
+    """
+    spec = bench_spec(bench)
+    items = load_benchmark(spec.name, data_dir, limit)
+    if spec.needs_judge and judge is None:
+        raise JudgeRequiredError(
+            f"{spec.name} is scored by an LLM grader: configure a judge endpoint "
+            "(RUBRICEM_LEARNING__JUDGE__BASE_URL and RUBRICEM_LEARNING__JUDGE__MODEL) and pass it as `judge`"
+        )
+    injection = "on" if inject_bank else "off"
+    run_options = options.model_copy(update={"inject_bank": inject_bank})
+    manifest = _manifest(spec, Path(data_dir), service.policy.policy_version, judge, injection, run_options)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _check_resume(out_dir, manifest)
+    rep.write_json(out_dir / MANIFEST_FILE, manifest)
+
+    items_path = out_dir / ITEMS_FILE
+    records = rep.read_records(items_path)
+    for done, item in enumerate(items, 1):
+        old = records.get(item.id)
+        if old is None or (retry_failed and old.get("status") != "ok"):
+            record = await _run_item(spec, item, service, run_options, judge, injection)
+            record["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+            rep.append_record(items_path, record)
+            records[item.id] = record
+        if progress is not None:
+            progress(done, len(items), item.id)
+    return _summarise(spec, items, records, manifest, judge, out_dir)

@@ -1,0 +1,92 @@
+"""Judging logged sessions: completed, not-yet-judged sessions → groups by question → judge → stored judgements.
+
+Every session of a batch ends in a stored judgement (status "ok") or a recorded failure (status "failed", retried
+next time); a bad judge answer or a judge crash never stops the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from learning.judge.types import Judgement, TrajectoryJudge, Usage
+from store.records import SessionRecord
+from store.session_log import SessionLog
+
+Progress = Callable[[str], None]
+
+
+def normalise_question(question: str) -> str:
+    """Lower-case, whitespace-collapsed question: sessions that asked the same thing form one judging group."""
+    return " ".join(question.lower().split())
+
+
+@dataclass
+class JudgeRunSummary:
+    """What one `judge_pending` call did."""
+
+    judged: int = 0
+    failed: int = 0
+    groups: int = 0
+    usage: Usage = field(default_factory=Usage)
+    failed_stages: int = 0
+    fallbacks: int = 0
+    errors: list[str] = field(default_factory=list)
+    judgements: dict[str, Judgement] = field(default_factory=dict)
+
+
+def _usable(j: Judgement) -> bool:
+    return any(v is not None for v in j.stage_scores().values())
+
+
+async def judge_pending(
+    log: SessionLog,
+    judge: TrajectoryJudge,
+    *,
+    since: datetime | None = None,
+    limit: int | None = None,
+    progress: Progress | None = None,
+) -> JudgeRunSummary:
+    """Judge completed, unjudged sessions (oldest first) and store the results."""
+    say = progress or (lambda _m: None)
+    summary = JudgeRunSummary()
+    records = [log.get(sid) for sid in log.completed_unjudged(since=since, limit=limit)]
+    groups: dict[str, list[SessionRecord]] = {}
+    for rec in records:
+        groups.setdefault(normalise_question(rec.question), []).append(rec)
+    for recs in groups.values():
+        summary.groups += 1
+        say(f"judging {len(recs)} session(s): {recs[0].question[:80]!r}")
+        try:
+            judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs])
+            if len(judgements) != len(recs):
+                raise RuntimeError(f"the judge returned {len(judgements)} judgements for {len(recs)} sessions")
+        except Exception as exc:  # a judge failure is recorded per session; the batch goes on
+            message = f"{type(exc).__name__}: {exc}"
+            summary.errors.append(message)
+            for r in recs:
+                log.record_judgement(r.session_id, judge.model or judge.kind, {"error": message}, status="failed",
+                                     error=message, judge_kind=judge.kind)
+                summary.failed += 1
+            say(f"  failed: {message}")
+            continue
+        for r, j in zip(recs, judgements, strict=True):
+            summary.usage = summary.usage + j.usage
+            summary.failed_stages += j.failed_stages
+            summary.fallbacks += int(j.fallback_answer_only)
+            payload = j.model_dump(mode="json")
+            if _usable(j):
+                log.record_judgement(r.session_id, j.judge_model, payload, judge_kind=j.judge_kind,
+                                     rubric_version=j.rubric_version)
+                summary.judged += 1
+                summary.judgements[r.session_id] = j
+                say(f"  {r.session_id}: " + ", ".join(
+                    f"{s}={'-' if v is None else f'{v:.2f}'}" for s, v in j.stage_scores().items()))
+            else:
+                message = "no stage could be scored"
+                log.record_judgement(r.session_id, j.judge_model, payload, status="failed", error=message,
+                                     judge_kind=j.judge_kind, rubric_version=j.rubric_version)
+                summary.failed += 1
+                say(f"  {r.session_id}: failed ({message})")
+    return summary

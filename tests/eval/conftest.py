@@ -1,0 +1,83 @@
+"""Eval fixtures: the shared benchmark data (skipped when absent), a small real index over the passages of the first
+two corpus-paired HotpotQA questions, a scripted policy service and an OpenAI-compatible judge stand-in."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentConfig
+from agent.tools.local_search import LocalSearch
+from app.service import ResearchService
+from store.config import StoreConfig
+from store.doc_index import DocIndex, Document
+from store.session_log import SessionLog
+from tests.eval.support import answering
+from tests.fakes import ScriptedPolicy
+from tests.judge.openai_standin import OpenAIStandIn
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_DATA = REPO.parent / "shared" / "data"
+DEMO_HOTPOT = REPO / "agent" / "demo_corpus" / "hotpotqa_train_corpus.json"
+WIKI = SHARED_DATA / "wiki_multihop_corpus"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """/work/shared/data (located relative to the repo); the test is skipped when it is not there."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared benchmark data not found at {SHARED_DATA} (tests read it; the project never needs it)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def wiki_dir(shared_data: Path) -> Path:
+    """The wiki_multihop_corpus folder (HotpotQA/MuSiQue questions paired with the bundled corpus)."""
+    if not (WIKI / "hotpotqa_train.json").is_file():
+        pytest.skip(f"{WIKI / 'hotpotqa_train.json'} not found")
+    return WIKI
+
+
+@pytest.fixture(scope="session")
+def hotpot_index(wiki_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> DocIndex:
+    """A real index (Chroma + MiniLM + BM25) over the demo-corpus passages of the first two HotpotQA questions."""
+    corpus = json.loads(DEMO_HOTPOT.read_text(encoding="utf-8"))
+    questions = json.loads((wiki_dir / "hotpotqa_train.json").read_text(encoding="utf-8"))[:2]
+    titles = dict.fromkeys(title for q in questions for title, _ in q["context"] if title in corpus)
+    docs = [Document(source=f"test:{t}", chunk=0, text=" ".join(corpus[t]), title=t) for t in titles]
+    index = DocIndex(StoreConfig(data_dir=tmp_path_factory.mktemp("eval-index")))
+    index.add_documents(docs)
+    return index
+
+
+@pytest.fixture
+def hotpot_tools(hotpot_index: DocIndex) -> dict[str, LocalSearch]:
+    """The real local_search tool over the small index."""
+    return {"local_search": LocalSearch(hotpot_index, k=3, snippet_chars=300)}
+
+
+@pytest.fixture
+def scripted_service(hotpot_tools: dict, tmp_path: Path):  # type: ignore[type-arg]
+    """make(answers, **agent_config) -> a real ResearchService over a ScriptedPolicy, the small index and a real
+    SessionLog in tmp."""
+
+    def make(answers: dict[str, str], **config: object) -> ResearchService:
+        policy = ScriptedPolicy(answering(answers))
+        log = SessionLog(tmp_path / f"sessions-{uuid.uuid4().hex[:8]}.sqlite3")
+        return ResearchService(policy, hotpot_tools, log, AgentConfig(**config))  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture
+def standin() -> Iterator[OpenAIStandIn]:
+    """A fresh OpenAI-compatible judge stand-in on 127.0.0.1."""
+    server = OpenAIStandIn(model="standin-judge")
+    try:
+        yield server
+    finally:
+        server.close()

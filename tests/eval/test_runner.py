@@ -1,0 +1,187 @@
+"""The evaluation runner end to end: real ResearchService, SessionLog and local_search; the embedded SmolLM2 for
+one small HotpotQA run, a scripted policy (exact answers) for the scoring, failure and resume paths."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import AgentConfig, RunOptions, StageTokenCaps
+from app.service import ResearchService
+from learning.eval.datasets import DatasetError
+from learning.eval.runner import EvalOutputConflict, EvalSummary, JudgeRequiredError, run_eval
+from learning.judge.client import JudgeClient
+from store.session_log import SessionLog
+from tests.eval.support import SCRIPTED_OPTIONS, user_prompt
+from tests.judge.openai_standin import OpenAIStandIn, Reply
+
+TINY = RunOptions(
+    max_tool_calls=1, temperature=0.0, seed=0, wall_clock_s=300,
+    token_caps=StageTokenCaps(plan=32, research=24, review=24, answer=32),
+)  # fmt: skip
+HOTPOT_ANSWERS = {"If Gallu is a demon": "a spirit", "Christopher Nolan and Sathish": "no"}
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+
+
+def evaluate(
+    bench: str,
+    data: Path,
+    service: ResearchService,
+    out: Path,
+    *,
+    standin: OpenAIStandIn | None = None,
+    options: RunOptions = SCRIPTED_OPTIONS,
+    **kw: Any,
+) -> EvalSummary:
+    """run_eval on a fresh event loop, with a JudgeClient on the stand-in when one is given."""
+
+    async def go() -> EvalSummary:
+        if standin is None:
+            return await run_eval(bench, data, service=service, options=options, out_dir=out, **kw)
+        async with JudgeClient(standin.root, "standin-judge", max_retries=0, backoff_s=0.01) as judge:
+            return await run_eval(bench, data, service=service, options=options, out_dir=out, judge=judge, **kw)
+
+    return asyncio.run(go())
+
+
+@pytest.mark.slow
+def test_embedded_policy_hotpotqa_end_to_end_and_resume(
+    embedded_policy: object,
+    hotpot_tools: dict,
+    wiki_dir: Path,
+    tmp_path: Path,  # type: ignore[type-arg]
+) -> None:
+    log = SessionLog(tmp_path / "sessions.sqlite3")
+    service = ResearchService(embedded_policy, hotpot_tools, log, AgentConfig())  # type: ignore[arg-type]
+    seen: list[tuple[int, int, str]] = []
+    out = tmp_path / "out"
+    summary = evaluate(
+        "hotpotqa", wiki_dir, service, out, options=TINY, limit=2, progress=lambda d, t, i: seen.append((d, t, i))
+    )
+    records = lines(out / "items.jsonl")
+    assert len(records) == 2 and [d for d, _, _ in seen] == [1, 2]
+    for rec in records:
+        assert rec["status"] == "ok", rec.get("error")
+        assert {"em", "f1", "cover_em"} <= rec["metrics"].keys() and rec["injection"] == "off"
+        assert log.get(rec["session_id"]).status == "completed"
+    assert summary.n == 2 and summary.n_scored == 2 and summary.n_failed == 0
+    assert {"em", "f1", "cover_em"} <= summary.metrics.keys() and summary.injection == "off"
+    assert summary.policy_version == embedded_policy.policy_version  # type: ignore[attr-defined]
+    assert "| em |" in summary.summary_md.read_text() and summary.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(summary.summary_json.read_text())["n_scored"] == 2
+
+    before = (out / "items.jsonl").read_bytes()
+    again = evaluate("hotpotqa", wiki_dir, service, out, options=TINY, limit=2)
+    assert (out / "items.jsonl").read_bytes() == before  # nothing was run again
+    assert len(log.list_sessions()) == 2
+    assert again.metrics == summary.metrics
+
+
+def test_exact_answers_score_em_and_the_llm_grade(
+    scripted_service: Callable[..., ResearchService], wiki_dir: Path, tmp_path: Path, standin: OpenAIStandIn
+) -> None:
+    standin.responder = lambda req: json.dumps({
+        "explanation": "x", "grade": "correct" if "Predicted answer: a spirit" in user_prompt(req) else "incorrect"
+    })  # fmt: skip
+    service = scripted_service(HOTPOT_ANSWERS)
+    summary = evaluate("hotpotqa", wiki_dir, service, tmp_path / "out", standin=standin, limit=2)
+    first, second = lines(tmp_path / "out" / "items.jsonl")
+    assert first["prediction"] == "a spirit" and first["metrics"]["em"] == 1.0
+    assert second["prediction"] == "no" and second["metrics"]["em"] == 0.0  # gold is "yes"
+    assert first["judge"]["grade"] == "correct" and second["judge"]["grade"] == "incorrect"
+    assert summary.metrics["em"] == 0.5 and summary.metrics["llm_accuracy"] == 0.5
+    assert summary.judge_model == "standin-judge" and summary.judge_usage["calls"] == 2
+    # D10: the run itself had injection off and the benchmark's answer format
+    opts = service.log.get(first["session_id"]).options
+    assert opts["inject_bank"] is False and opts["format"] == "exact_answer"
+
+
+def test_failed_runs_are_recorded_then_retried_on_request(
+    scripted_service: Callable[..., ResearchService], tmp_path: Path
+) -> None:
+    data = tmp_path / "qa.jsonl"
+    rows = [
+        {"id": "long", "question": "Who? " * 40, "answer": "x"},
+        {"id": "ok", "question": "Who won?", "answer": "x"},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "out"
+    strict = scripted_service({"Who": "x"}, max_question_chars=100)
+    summary = evaluate("shortform", data, strict, out)
+    failed, ok = lines(out / "items.jsonl")
+    assert failed["status"] == "failed" and failed["error"].startswith("InputError") and "metrics" not in failed
+    assert ok["status"] == "ok" and ok["metrics"]["em"] == 1.0
+    assert summary.n_failed == 1 and summary.n_scored == 1 and summary.metrics["em"] == 1.0
+    assert "InputError" in summary.summary_md.read_text()
+
+    relaxed = scripted_service({"Who": "x"})
+    assert evaluate("shortform", data, relaxed, out).n_failed == 1  # a plain rerun keeps the recorded failure
+    retried = evaluate("shortform", data, relaxed, out, retry_failed=True)
+    assert retried.n_failed == 0 and retried.n_scored == 2
+    assert [r["id"] for r in lines(out / "items.jsonl")] == ["long", "ok", "long"]
+
+
+def _healthbench_folder(root: Path) -> Path:
+    folder = root / "hb"
+    folder.mkdir()
+    recs = [
+        {"prompt_id": "knee", "prompt": [{"role": "user", "content": "my knee hurts"}],
+         "rubrics": [{"criterion": "Advises rest", "points": 5, "tags": []},
+                     {"criterion": "Recommends opioids", "points": -4, "tags": []}]},
+        {"prompt_id": "head", "prompt": [{"role": "user", "content": "my head aches"}],
+         "rubrics": [{"criterion": "Asks about onset", "points": 4, "tags": []}]},
+    ]  # fmt: skip
+    (folder / "sample.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    return folder
+
+
+def test_healthbench_judge_failure_is_recorded_never_zero(
+    scripted_service: Callable[..., ResearchService], tmp_path: Path, standin: OpenAIStandIn
+) -> None:
+    def respond(req: dict[str, Any]) -> Reply:
+        prompt = user_prompt(req)
+        if "my head aches" in prompt:
+            return Reply(status=500, error_message="judge overloaded")
+        return Reply(content=json.dumps({"explanation": "x", "criteria_met": "Advises rest" in prompt}))
+
+    standin.responder = respond
+    out = tmp_path / "out"
+    summary = evaluate("healthbench", _healthbench_folder(tmp_path), scripted_service({}), out, standin=standin)
+    knee, head = lines(out / "items.jsonl")
+    assert knee["metrics"]["score"] == 1.0 and knee["format"] == "short_form"
+    assert head["status"] == "ok" and "score" not in head["metrics"]
+    assert head["judge_error"].startswith("JudgeUnavailable")
+    assert summary.n_scored == 1 and summary.n_judge_failed == 1
+    assert summary.metrics == {"score": 1.0, "score_unclipped": 1.0, "score_item_clipped": 1.0}
+
+
+def test_rubric_benchmark_without_a_judge_fails_before_anything_runs(
+    scripted_service: Callable[..., ResearchService], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(JudgeRequiredError, match="RUBRICEM_LEARNING__JUDGE__BASE_URL"):
+        evaluate("healthbench", _healthbench_folder(tmp_path), scripted_service({}), out)
+    with pytest.raises(DatasetError):
+        evaluate("healthbench", tmp_path / "missing", scripted_service({}), out)
+    assert not out.exists()
+
+
+def test_an_output_folder_never_mixes_evaluations(
+    scripted_service: Callable[..., ResearchService], tmp_path: Path
+) -> None:
+    data = tmp_path / "qa.csv"
+    data.write_text("question,answer\nWho won?,x\n", encoding="utf-8")
+    service = scripted_service({"Who": "x"})
+    evaluate("shortform", data, service, tmp_path / "out")
+    with pytest.raises(EvalOutputConflict, match="injection"):
+        evaluate("shortform", data, service, tmp_path / "out", inject_bank=True)
+    on = evaluate("shortform", data, service, tmp_path / "on", inject_bank=True)
+    assert on.injection == "on" and lines(tmp_path / "on" / "items.jsonl")[0]["injection"] == "on"
