@@ -7,10 +7,8 @@ the typed errors of `agent.errors`. Pure httpx; no torch.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import math
-import random
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -27,6 +25,7 @@ from agent.errors import (
     PolicyUnavailable,
 )
 from agent.protocols import ChatMessage, Generation, PromptContext
+from agent.retry import jittered_backoff, retry_after_seconds
 from store.records import FinishReason, TokenSource
 
 if TYPE_CHECKING:
@@ -156,8 +155,7 @@ class _HTTPPolicyBase:
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(max(retry_after, 0.0), self._backoff_max_s)
-        cap = min(self._backoff_max_s, self._backoff_s * (2**attempt))
-        return cap / 2 + random.uniform(0, cap / 2)  # "equal jitter": never zero, spreads concurrent retries
+        return jittered_backoff(attempt, self._backoff_s, self._backoff_max_s)
 
     async def _post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST JSON with retries on 429, 5xx, connection errors and timeouts; return the decoded JSON object."""
@@ -181,7 +179,7 @@ class _HTTPPolicyBase:
                 message, code = _error_details(resp)
                 if status == 429:
                     last = PolicyRateLimited(f"POST {path}: rate limited (429): {message}")
-                    retry_after = _retry_after(resp)
+                    retry_after = retry_after_seconds(resp.headers.get("retry-after"))
                 elif status >= 500:
                     last = PolicyUnavailable(f"POST {path}: server error {status}: {message}")
                 elif _CONTEXT_PATTERNS.search(message) or code == "context_length_exceeded":
@@ -226,21 +224,6 @@ def _error_details(resp: httpx.Response) -> tuple[str, str | None]:
         if "detail" in data:
             return str(data["detail"])[:2000], None
     return str(data)[:2000], None
-
-
-def _retry_after(resp: httpx.Response) -> float | None:
-    """Seconds to wait from a `Retry-After` header (delta-seconds or HTTP date); None when absent or unreadable."""
-    value = resp.headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
 
 
 def _finish_reason(value: object) -> FinishReason:

@@ -7,12 +7,9 @@ an on-disk answer cache and token/cost accounting. Implements `learning.judge.ty
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import logging
-import random
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +17,7 @@ from typing import Any, Literal, Self
 
 import httpx
 
+from agent.retry import jittered_backoff, retry_after_seconds
 from learning.config import JudgeConfig
 from learning.errors import JudgeOutputInvalid, JudgeRequestError, JudgeUnavailable
 from learning.judge.cache import CachedAnswer, JudgeCache, cache_key, canonical_json
@@ -505,7 +503,7 @@ class JudgeClient:
                     if mode != "prompt" and status >= 500 and _names_response_format(resp.text):
                         raise _FormatRejected(self._error_text(resp))
                     reason = f"HTTP {status}"
-                    retry_after = _retry_after_s(resp.headers.get("Retry-After"))
+                    retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
                 else:
                     body = resp.text
                     if status == 400 and self._token_field == "max_tokens" and "max_completion_tokens" in body:
@@ -523,7 +521,7 @@ class JudgeClient:
                 raise JudgeUnavailable(
                     self._redact(f"judge endpoint {self.url} unavailable after {attempt + 1} attempts: {reason}")
                 )
-            delay = min(self.backoff_max_s, self.backoff_s * (2**attempt)) * random.uniform(0.5, 1.0)
+            delay = jittered_backoff(attempt, self.backoff_s, self.backoff_max_s)
             if retry_after is not None:
                 delay = max(delay, min(retry_after, RETRY_AFTER_CAP_S))
             logger.warning(
@@ -569,21 +567,6 @@ class JudgeClient:
 
 def _names_response_format(body: str) -> bool:
     return "response_format" in body or "json_schema" in body
-
-
-def _retry_after_s(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date), or None."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def _as_int(value: Any) -> int:
