@@ -201,29 +201,25 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from app.container import build
+    from app.container import build, build_judge_client
     from learning.eval.datasets import bench_spec, load_benchmark
     from learning.eval.runner import run_eval
 
     settings = Settings()
     progress = Progress()
     data = Path(args.data)
-    if not data.is_dir():
-        raise InputError(f"--data {data}: no such folder")
+    if not data.exists():
+        raise InputError(f"--data {data}: no such folder or file")
+    if args.limit is not None and args.limit < 1:
+        raise InputError("--limit must be at least 1")
     if bench_spec(args.bench).needs_judge and not settings.learning.judge.base_url:
         raise InputError(f"{args.bench} is scored by an LLM grader: set RUBRICEM_LEARNING__JUDGE__BASE_URL and "
                          "RUBRICEM_LEARNING__JUDGE__MODEL (see README, 'Judging and evaluation')")
     load_benchmark(args.bench, data, limit=1)  # a bad folder fails here, before the model and index are loaded
     out = Path(args.out) if args.out else Path("eval-runs") / args.bench
     options = _run_options(settings, args).model_copy(update={"inject_bank": args.inject_bank})
+    judge = build_judge_client(settings) if settings.learning.judge.base_url else None
     services = build(settings, say=progress.say, progress=progress.bar)
-    judge = None
-    if settings.learning.judge.base_url:
-        from learning.judge.client import JudgeClient
-
-        cfg = settings.learning.judge
-        cache = (settings.learning.cache_dir or settings.store.data_dir / "judge-cache") if cfg.cache else None
-        judge = JudgeClient.from_config(cfg, cache)
 
     def tick(done: int, total: int, item_id: str) -> None:
         progress.say(f"[{done}/{total}] {item_id}")

@@ -96,15 +96,27 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
     return Services(settings, log, index, tools, policy, ResearchService(policy, tools, log, settings.agent))
 
 
+def build_judge_client(settings: Settings) -> Any:
+    """The JSON judge client for a configured judge endpoint (ConfigurationError when the settings are unusable)."""
+    from learning.judge.client import JudgeClient
+
+    cfg = settings.learning.judge
+    if not cfg.model.strip():
+        raise ConfigurationError("a judge endpoint is set but no judge model: set RUBRICEM_LEARNING__JUDGE__MODEL")
+    cache = (settings.learning.cache_dir or settings.store.data_dir / "judge-cache") if cfg.cache else None
+    try:
+        return JudgeClient.from_config(cfg, cache)
+    except ValueError as exc:
+        raise ConfigurationError(f"judge settings: {exc}") from exc
+
+
 def build_judge(settings: Settings, log: SessionLog, say: Say = lambda _m: None) -> Any:
     """The LLM judge when a judge endpoint is configured, else the offline (approximate) judge."""
     cfg = settings.learning.judge
     if cfg.base_url:
-        from learning.judge.client import JudgeClient
         from learning.judge.llm import LLMJudge
 
-        cache = (settings.learning.cache_dir or settings.store.data_dir / "judge-cache") if cfg.cache else None
-        client = JudgeClient.from_config(cfg, cache)
+        client = build_judge_client(settings)
         return LLMJudge(client, log, trajectory_chars=cfg.trajectory_chars,
                         citation_support_check=cfg.citation_support_check)
     from learning.judge.offline import OfflineJudge

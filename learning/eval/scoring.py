@@ -26,7 +26,6 @@ from learning.judge.types import JsonJudge, Usage
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _CITE_MARK = re.compile(r"\s*\[\d+(?:\s*[,–-]\s*\d+)*\]")  # the report's [n] / [1, 2] reference markers
 
 
@@ -81,9 +80,29 @@ def short_form_scores(prediction: str, answers: Sequence[str]) -> dict[str, floa
 def extract_prediction(answer_body: str) -> str:
     r"""The short answer to score: the last `\boxed{...}` content if there is one, else the whole answer body; the
     report's `[n]` citation markers are removed either way."""
-    boxed = _BOXED.findall(answer_body)
-    text = boxed[-1] if boxed else answer_body
+    boxed = last_boxed(answer_body)
+    text = boxed if boxed is not None else answer_body
     return _CITE_MARK.sub("", text).strip()
+
+
+_LATEX_WRAPPER = re.compile(r"\\(?:text|mathrm|textbf|mathbf|operatorname)\{([^{}]*)\}")
+
+
+def last_boxed(text: str) -> str | None:
+    r"""The content of the last `\boxed{...}`, braces balanced (so `\boxed{\text{Paris}}` works), with simple
+    `\text{}`-style wrappers unwrapped; None if there is none or it is unclosed."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            inner = text[i:j]
+            while (unwrapped := _LATEX_WRAPPER.sub(r"\1", inner)) != inner:
+                inner = unwrapped
+            return inner
+    return None
 
 
 def support_recall(gold_titles: Sequence[str], retrieved_titles: Sequence[str]) -> float | None:

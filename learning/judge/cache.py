@@ -92,7 +92,7 @@ class JudgeCache:
             raw = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return None
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: not UTF-8
             logger.warning("judge cache entry %s unreadable (%s); treating as a miss", path.name, exc)
             return None
         try:

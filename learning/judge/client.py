@@ -506,7 +506,7 @@ class JudgeClient:
                     retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
                 else:
                     body = resp.text
-                    if status == 400 and self._token_field == "max_tokens" and "max_completion_tokens" in body:
+                    if status == 400 and "max_tokens" in payload and "max_completion_tokens" in body:
                         # Newer OpenAI models refuse max_tokens; resend at once with the field they want.
                         budget = payload.pop("max_tokens")
                         self._token_field = "max_completion_tokens"

@@ -72,21 +72,32 @@ async def judge_pending(
             say(f"  failed: {message}")
             continue
         for r, j in zip(recs, judgements, strict=True):
-            summary.usage = summary.usage + j.usage
-            summary.failed_stages += j.failed_stages
-            summary.fallbacks += int(j.fallback_answer_only)
-            payload = j.model_dump(mode="json")
-            if _usable(j):
-                log.record_judgement(r.session_id, j.judge_model, payload, judge_kind=j.judge_kind,
-                                     rubric_version=j.rubric_version)
-                summary.judged += 1
-                summary.judgements[r.session_id] = j
-                say(f"  {r.session_id}: " + ", ".join(
-                    f"{s}={'-' if v is None else f'{v:.2f}'}" for s, v in j.stage_scores().items()))
-            else:
-                message = "no stage could be scored"
-                log.record_judgement(r.session_id, j.judge_model, payload, status="failed", error=message,
-                                     judge_kind=j.judge_kind, rubric_version=j.rubric_version)
+            try:
+                _store(log, r, j, summary, say)
+            except Exception as exc:  # one unstorable judgement must not sink the others
+                message = f"could not store the judgement: {type(exc).__name__}: {exc}"
+                summary.errors.append(message)
                 summary.failed += 1
-                say(f"  {r.session_id}: failed ({message})")
+                say(f"  {r.session_id}: {message}")
     return summary
+
+
+def _store(log: SessionLog, r: SessionRecord, j: Judgement, summary: JudgeRunSummary, say: Progress) -> None:
+    """Record one judgement: ok when any stage has a score, else a failed attempt (offered again next run)."""
+    payload = j.model_dump(mode="json")
+    summary.usage = summary.usage + j.usage
+    summary.failed_stages += j.failed_stages
+    summary.fallbacks += int(j.fallback_answer_only)
+    if not _usable(j):
+        message = "no stage could be scored"
+        log.record_judgement(r.session_id, j.judge_model, payload, status="failed", error=message,
+                             judge_kind=j.judge_kind, rubric_version=j.rubric_version)
+        summary.failed += 1
+        say(f"  {r.session_id}: failed ({message})")
+        return
+    log.record_judgement(r.session_id, j.judge_model, payload, judge_kind=j.judge_kind,
+                         rubric_version=j.rubric_version)
+    summary.judged += 1
+    summary.judgements[r.session_id] = j
+    say(f"  {r.session_id}: " + ", ".join(
+        f"{s}={'-' if v is None else f'{v:.2f}'}" for s, v in j.stage_scores().items()))

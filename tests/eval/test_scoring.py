@@ -153,3 +153,11 @@ def test_aggregate_skips_missing_metrics() -> None:
     assert aggregate("short_form", metrics) == {"em": 0.5, "f1": 0.75}
     hb = aggregate("healthbench", [{"score": -1.0}, {"score": 0.5}, {}])
     assert hb["score"] == 0.0 and hb["score_unclipped"] == pytest.approx(-0.25)
+
+
+def test_nested_boxed_answers_are_unwrapped() -> None:
+    from learning.eval.scoring import extract_prediction, last_boxed
+
+    assert extract_prediction(r"It is \boxed{\text{Paris}} [1].") == "Paris"
+    assert last_boxed(r"\boxed{a} then \boxed{x^{2}}") == "x^{2}"
+    assert last_boxed(r"\boxed{unclosed") is None and last_boxed("plain") is None

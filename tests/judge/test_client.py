@@ -408,3 +408,13 @@ def test_llamacpp_json_object_is_grammar_constrained(llamacpp_server: str) -> No
         assert not call.repaired  # the grammar makes the first answer valid
         assert 0 < call.usage.completion_tokens <= 64 and call.usage.prompt_tokens > 0
     assert auto.effective_json_mode == "json_object"
+
+
+def test_a_cache_file_that_is_not_utf8_is_a_miss(tmp_path: Path) -> None:
+    from learning.judge.cache import JudgeCache
+
+    cache = JudgeCache(tmp_path)
+    path = cache.path_for("ab" + "0" * 62)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    assert cache.get("ab" + "0" * 62) is None

@@ -132,3 +132,18 @@ def test_judge_cli_uses_the_offline_judge_and_says_so(sessions_dir: Path, tmp_pa
     bad = subprocess.run([sys.executable, "-m", "app.cli", "judge", "--since", "yesterday"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--since" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"RUBRICEM_LEARNING__JUDGE__BASE_URL": "http://127.0.0.1:9"}, "no judge model"),
+        ({"RUBRICEM_LEARNING__JUDGE__BASE_URL": "localhost:9", "RUBRICEM_LEARNING__JUDGE__MODEL": "m"}, "http://"),
+    ],
+)
+def test_unusable_judge_settings_exit_2_before_any_work(extra: dict[str, str], message: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUBRICEM_")}
+    env.update({"RUBRICEM_STORE__DATA_DIR": str(tmp_path), **extra})
+    p = subprocess.run([sys.executable, "-m", "app.cli", "judge"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and message in p.stderr
