@@ -13,6 +13,7 @@ import os
 import sqlite3
 import sys
 import threading
+import time
 import uuid
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -92,6 +93,9 @@ class JudgementRecord:
     judge_kind: str
     rubric_version: str
     created_at: str
+
+
+_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 # --- encoding helpers -------------------------------------------------------------------------------------------
@@ -346,7 +350,7 @@ class SessionLog:
             )
             try:
                 conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                mode = self._enable_wal(conn)
                 if str(mode).lower() != "wal":
                     raise StorageError(f"{self._path} cannot use WAL mode (journal_mode={mode}); use a local disk")
                 conn.execute("PRAGMA foreign_keys = ON")
@@ -355,6 +359,21 @@ class SessionLog:
                 conn.close()
                 raise
         return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> str:
+        """Switch to WAL, retrying while another connection holds the lock.
+
+        Changing the journal mode needs an exclusive lock and SQLite does not call the busy handler for it, so
+        several processes opening a new database at once would otherwise fail at once with "database is locked".
+        """
+        deadline = time.monotonic() + self._busy_ms / 1000
+        while True:
+            try:
+                return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", None) not in _BUSY_CODES or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     # -- plumbing --
 
