@@ -7,7 +7,6 @@ Graders never turn a failed judge call into a score: they raise `JudgeError`, an
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import re
 import string
 from collections import Counter
@@ -301,10 +300,7 @@ SQA_EXPERTISE_CRITERION = (
 
 def grader_prompt_version() -> str:
     """A short hash of the eval grader templates and the judge system message (recorded in the summary)."""
-    h = hashlib.sha256(prompts.SYSTEM_MESSAGE.encode())
-    for name in EVAL_TEMPLATES:
-        h.update(b"\0" + name.encode() + b"\0" + prompts.template(name).encode())
-    return h.hexdigest()[:16]
+    return prompts.templates_version(tuple(EVAL_TEMPLATES))
 
 
 @dataclass(frozen=True, slots=True)
