@@ -125,23 +125,15 @@ def llamacpp_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
 
 # --- a small real document index, shared by agent, judge and app tests --------------------------------------------
 
-DEMO_CORPUS = REPO_ROOT / "agent" / "demo_corpus" / "hotpotqa_train_corpus.json"
-
-
 @pytest.fixture(scope="session")
 def small_index(tmp_path_factory: pytest.TempPathFactory) -> object:
     """40 real Wikipedia passages (including Haymo of Faversham) in a fresh embedded index (embedded Chroma + MiniLM)."""
-    import json
+    from tests.indexes import passage_index
 
-    from store.config import StoreConfig
-    from store.doc_index import DocIndex, Document
+    def pick(corpus: dict[str, list[str]]) -> list[str]:
+        return ["Haymo of Faversham"] + [t for t in corpus if t != "Haymo of Faversham"][:39]
 
-    data = json.loads(DEMO_CORPUS.read_text(encoding="utf-8"))
-    titles = ["Haymo of Faversham"] + [t for t in data if t != "Haymo of Faversham"][:39]
-    docs = [Document(source=f"test:{t}", chunk=0, text=" ".join(data[t]), title=t) for t in titles]
-    index = DocIndex(StoreConfig(data_dir=tmp_path_factory.mktemp("small-index")))
-    index.add_documents(docs)
-    return index
+    return passage_index(tmp_path_factory.mktemp("small-index"), pick)
 
 
 @pytest.fixture

@@ -13,16 +13,15 @@ import pytest
 from agent.config import AgentConfig
 from agent.tools.local_search import LocalSearch
 from app.service import ResearchService
-from store.config import StoreConfig
-from store.doc_index import DocIndex, Document
+from store.doc_index import DocIndex
 from store.session_log import SessionLog
 from tests.eval.support import answering
 from tests.fakes import ScriptedPolicy
+from tests.indexes import passage_index
 from tests.judge.openai_standin import OpenAIStandIn
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"
-DEMO_HOTPOT = REPO / "agent" / "demo_corpus" / "hotpotqa_train_corpus.json"
 WIKI = SHARED_DATA / "wiki_multihop_corpus"
 
 
@@ -45,13 +44,12 @@ def wiki_dir(shared_data: Path) -> Path:
 @pytest.fixture(scope="session")
 def hotpot_index(wiki_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> DocIndex:
     """A real index (Chroma + MiniLM + BM25) over the demo-corpus passages of the first two HotpotQA questions."""
-    corpus = json.loads(DEMO_HOTPOT.read_text(encoding="utf-8"))
     questions = json.loads((wiki_dir / "hotpotqa_train.json").read_text(encoding="utf-8"))[:2]
-    titles = dict.fromkeys(title for q in questions for title, _ in q["context"] if title in corpus)
-    docs = [Document(source=f"test:{t}", chunk=0, text=" ".join(corpus[t]), title=t) for t in titles]
-    index = DocIndex(StoreConfig(data_dir=tmp_path_factory.mktemp("eval-index")))
-    index.add_documents(docs)
-    return index
+
+    def pick(corpus: dict[str, list[str]]) -> dict[str, None]:
+        return dict.fromkeys(title for q in questions for title, _ in q["context"] if title in corpus)
+
+    return passage_index(tmp_path_factory.mktemp("eval-index"), pick)
 
 
 @pytest.fixture

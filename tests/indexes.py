@@ -1,0 +1,26 @@
+"""Small real document indexes for tests: chosen passages of the bundled HotpotQA demo corpus."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from store.config import StoreConfig
+from store.doc_index import DocIndex, Document
+
+DEMO_HOTPOT = Path(__file__).resolve().parents[1] / "agent" / "demo_corpus" / "hotpotqa_train_corpus.json"
+
+
+def demo_hotpot_corpus() -> dict[str, list[str]]:
+    """The bundled HotpotQA passages: title -> sentences."""
+    return json.loads(DEMO_HOTPOT.read_text(encoding="utf-8"))
+
+
+def passage_index(data_dir: Path, pick: Callable[[dict[str, list[str]]], Iterable[str]]) -> DocIndex:
+    """A fresh embedded index (Chroma + MiniLM + BM25) holding the demo passages whose titles `pick` returns."""
+    corpus = demo_hotpot_corpus()
+    docs = [Document(source=f"test:{t}", chunk=0, text=" ".join(corpus[t]), title=t) for t in pick(corpus)]
+    index = DocIndex(StoreConfig(data_dir=data_dir))
+    index.add_documents(docs)
+    return index
