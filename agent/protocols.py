@@ -1,4 +1,4 @@
-"""Protocols at the agent's boundaries: the policy it samples from and the tools it calls.
+"""Protocols at the agent's boundaries: the policy it samples from, the tools it calls and the rubric bank it reads.
 
 Real adapters live in `agent/policy.py`, `agent/tools/` and (for the in-process torch backend) `learning/`;
 test doubles live only in `tests/fakes.py`.
@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from store.records import FinishReason, Snippet, TokenSource
+from store.records import FinishReason, Retrieval, Snippet, TokenSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,4 +96,13 @@ class SearchTool(Protocol):
 
     async def __call__(self, query: str, attrs: Mapping[str, str], call_id: str) -> Sequence[Snippet]:
         """Run the tool. Snippet ids must be `{call_id}-{index}`. Raise ToolError on failure."""
+        ...
+
+
+@runtime_checkable
+class ReflectionBank(Protocol):
+    """The rubric bank as the agent side sees it (store.rubric_bank.RubricBank implements it)."""
+
+    def retrieve(self, question: str) -> Retrieval:
+        """Within-episode item for this exact question, else the cross-episode items of similar questions."""
         ...

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent import prompts
+from agent import bank, prompts
 from agent.deps import AgentDeps
 from agent.errors import InputError
 from agent.graph import build_graph
 from agent.protocols import ChatMessage, PromptContext
 from agent.report import Report, build_report
-from store.records import PromptRecord, Trajectory
+from store.records import PromptRecord, Retrieval, Trajectory
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +37,15 @@ def validate_question(question: str, max_chars: int) -> str:
     return q
 
 
-def prompt_names(deps: AgentDeps) -> tuple[str, ...]:
+def prompt_names(deps: AgentDeps, references: Retrieval | None = None) -> tuple[str, ...]:
     """The template files a run uses (their hash is recorded on every turn)."""
-    return ("system", f"instructions/{deps.options.format}")
+    extra = bank.template_names(references) if references is not None else ()
+    return ("system", f"instructions/{deps.options.format}", *extra)
 
 
-def build_messages(question: str, deps: AgentDeps, reference_block: str = "") -> list[ChatMessage]:
-    """System prompt (scaffold + offered tools) and user message (references, question, format instruction)."""
+def build_messages(question: str, deps: AgentDeps, references: Retrieval | None = None) -> list[ChatMessage]:
+    """System prompt (scaffold + offered tools) and user message (bank references, question, format instruction)."""
+    reference_block = bank.reference_block(references) if references is not None else ""
     tool_lines = "\n".join(f"- {name}: {tool.description}" for name, tool in sorted(deps.tools.items()))
     system = prompts.render("system", tools=tool_lines or "- (none configured)", max_tool_calls=str(
         deps.options.max_tool_calls))
@@ -52,15 +54,18 @@ def build_messages(question: str, deps: AgentDeps, reference_block: str = "") ->
     return [ChatMessage("system", system), ChatMessage("user", user)]
 
 
-async def render_prompt(question: str, deps: AgentDeps, reference_block: str = "") -> PromptRecord:
-    """Render the prompt through the policy's chat template; sets deps.prompt_sha."""
+async def render_prompt(question: str, deps: AgentDeps, references: Retrieval | None = None) -> PromptRecord:
+    """Render the prompt (with rubric-bank references, if any) through the policy's chat template; sets
+    deps.prompt_sha."""
     deps.started_at = deps.clock()  # the wall-clock budget covers prompt rendering too
-    deps.prompt_sha = prompts.prompt_sha(prompt_names(deps))
-    ctx = await deps.policy.render_prompt(build_messages(question, deps, reference_block))
+    deps.prompt_sha = prompts.prompt_sha(prompt_names(deps, references))
+    ctx = await deps.policy.render_prompt(build_messages(question, deps, references))
     return PromptRecord(text=ctx.text, token_ids=ctx.token_ids, prompt_sha=deps.prompt_sha)
 
 
-async def execute(session_id: str, question: str, prompt: PromptRecord, deps: AgentDeps) -> RunResult:
+async def execute(
+    session_id: str, question: str, prompt: PromptRecord, deps: AgentDeps, injected_bank_items: tuple[str, ...] = ()
+) -> RunResult:
     """Run the graph from a rendered prompt to the answer; turns reach deps.recorder as they are made."""
     if not deps.started_at:
         deps.started_at = deps.clock()
@@ -79,5 +84,6 @@ async def execute(session_id: str, question: str, prompt: PromptRecord, deps: Ag
         tool_calls=tuple(final.get("tool_calls", [])),
         malformed=bool(final.get("malformed_stages")),
         max_consecutive_tool_errors=final.get("max_consecutive_tool_errors", 0),
+        injected_bank_items=injected_bank_items,
     )
     return RunResult(traj, build_report(traj))

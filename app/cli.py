@@ -1,4 +1,4 @@
-"""The `rubricem` command: ask, ingest, sessions.
+"""The `rubricem` command: ask, ingest, sessions, judge, eval, bank.
 
 Exit codes: 0 success, 1 the run failed (the session is marked failed in the log), 2 bad input or configuration.
 Progress goes to stderr; reports and listings go to stdout (so `rubricem ask ... > report.md` works).
@@ -17,13 +17,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.config import RunOptions
-from agent.errors import AgentError, InputError, IngestError
+from agent.errors import AgentError, IngestError, InputError
+from app import cli_bank
 from app import events as ev
 from app.container import ConfigurationError
 from app.settings import Settings
 from learning.errors import LearningError
 from store.doc_index import DocIndexError
 from store.errors import InvalidInput, SessionNotFound, StoreError
+from store.rubric_bank import BankItemNotFound
 
 
 class Progress:
@@ -49,6 +51,9 @@ class Progress:
         match e:
             case ev.SessionStarted(session_id=sid, policy_version=v):
                 self.say(f"session {sid} started (policy {v})")
+            case ev.ReferencesInjected(mode=mode, items=items):
+                what = "an earlier attempt at this question" if mode == "within" else f"{len(items)} similar question(s)"
+                self.say(f"rubric bank: using reflections from {what}")
             case ev.StageStarted(stage="research", turn=n):
                 self.say(f"research: turn {n}")
             case ev.StageStarted(stage=stage):
@@ -299,6 +304,7 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument("session_id")
     show.add_argument("--turns", action="store_true", help="print every turn")
     ses.set_defaults(func=cmd_sessions)
+    cli_bank.add_parsers(sub)
     return p
 
 
@@ -320,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"error: {_settings_error(exc)}", file=sys.stderr)
         return 2
-    except (InputError, IngestError, SessionNotFound, InvalidInput, ConfigurationError, OutputPathError) as exc:
+    except (InputError, IngestError, SessionNotFound, BankItemNotFound, InvalidInput, ConfigurationError,
+            OutputPathError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

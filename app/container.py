@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from chromadb.api import ClientAPI
+
 from agent.errors import AgentError
 from agent.ingest import DEMO_SOURCE_PREFIX, ensure_demo_corpus
 from agent.policy import LlamaCppPolicyClient, VLLMPolicyClient
@@ -17,7 +19,8 @@ from agent.protocols import PolicyClient, SearchTool
 from agent.tools.registry import build_tools
 from app.service import ResearchService
 from app.settings import Settings
-from store.doc_index import DocIndex
+from store.doc_index import DocIndex, open_index_client
+from store.rubric_bank import RubricBank
 from store.session_log import SessionLog
 
 Say = Callable[[str], None]
@@ -52,9 +55,14 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
     return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=cfg.embedded_adapter_path)
 
 
-def open_index(settings: Settings) -> DocIndex:
+def open_index(settings: Settings, client: ClientAPI | None = None) -> DocIndex:
     """The local document index (embedded Chroma or a Chroma server, per settings)."""
-    return DocIndex(settings.store)
+    return DocIndex(settings.store, client=client)
+
+
+def open_bank(settings: Settings, client: ClientAPI | None = None) -> RubricBank:
+    """The rubric bank (the same Chroma as the document index, its own collection)."""
+    return RubricBank(settings.store, client=client)
 
 
 def ensure_corpus(index: DocIndex, say: Say = lambda _m: None, progress: Progress | None = None) -> None:
@@ -82,6 +90,7 @@ class Services:
     tools: dict[str, SearchTool]
     policy: PolicyClient
     research: ResearchService
+    bank: RubricBank
 
 
 def build(settings: Settings | None = None, say: Say = lambda _m: None, progress: Progress | None = None) -> Services:
@@ -90,10 +99,13 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
     settings.store.data_dir.mkdir(parents=True, exist_ok=True)
     policy = build_policy(settings, say)  # configuration errors surface before any indexing work
     log = SessionLog(settings.store.sqlite_path)
-    index = open_index(settings)
+    client = open_index_client(settings.store)
+    index = open_index(settings, client)
+    bank = open_bank(settings, client)
     ensure_corpus(index, say, progress)
     tools = build_tools(settings.agent, index)
-    return Services(settings, log, index, tools, policy, ResearchService(policy, tools, log, settings.agent))
+    research = ResearchService(policy, tools, log, settings.agent, bank)
+    return Services(settings, log, index, tools, policy, research, bank)
 
 
 def build_judge_client(settings: Settings) -> Any:

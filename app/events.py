@@ -15,6 +15,23 @@ class SessionStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class BankReference:
+    """One rubric-bank item put into the prompt."""
+
+    item_id: str
+    question: str
+    similarity: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReferencesInjected:
+    """Rubric-bank reflections were put into the prompt: within-episode (same question) or cross-episode."""
+
+    mode: str
+    items: tuple[BankReference, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StageStarted:
     """The graph entered a stage (research carries the turn number)."""
 
@@ -63,7 +80,7 @@ class RunFailed:
     error: str
 
 
-Event = SessionStarted | StageStarted | SearchIssued | SearchDone | Note | AnswerReady | RunFailed
+Event = SessionStarted | ReferencesInjected | StageStarted | SearchIssued | SearchDone | Note | AnswerReady | RunFailed
 
 
 def from_agent(kind: str, data: dict[str, Any]) -> Event:

@@ -5,6 +5,7 @@ The CLI (and later the Streamlit UI and batch runner) call this; none of them co
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -14,12 +15,12 @@ from typing import Any
 from agent.config import AgentConfig, RunOptions
 from agent.deps import AgentDeps
 from agent.errors import AgentError
-from agent.protocols import PolicyClient, SearchTool
+from agent.protocols import PolicyClient, ReflectionBank, SearchTool
 from agent.report import Report
 from agent.run import execute, render_prompt, validate_question
 from app import events as ev
-from store.records import STAGES, ToolCallRecord, Trajectory, Turn
 from store.errors import StoreError
+from store.records import STAGES, Retrieval, ToolCallRecord, Trajectory, Turn
 from store.session_log import SessionLog
 
 _log = logging.getLogger(__name__)
@@ -100,9 +101,29 @@ class ResearchService:
             _log.error("could not mark session %s failed: %s (run error: %s)", sid, store_exc, message)
 
     def __init__(
-        self, policy: PolicyClient, tools: Mapping[str, SearchTool], log: SessionLog, config: AgentConfig
+        self,
+        policy: PolicyClient,
+        tools: Mapping[str, SearchTool],
+        log: SessionLog,
+        config: AgentConfig,
+        bank: ReflectionBank | None = None,
     ) -> None:
-        self.policy, self.tools, self.log, self.config = policy, dict(tools), log, config
+        self.policy, self.tools, self.log, self.config, self.bank = policy, dict(tools), log, config, bank
+
+    async def references(self, question: str, options: RunOptions, sink: EventSink) -> Retrieval:
+        """Rubric-bank items for the prompt (none when injection is off or there is no bank).
+
+        A bank failure never fails the run: the question is researched without references and a note says why.
+        """
+        if not options.inject_bank or self.bank is None:
+            return Retrieval("none")
+        try:
+            return await asyncio.to_thread(self.bank.retrieve, question)
+        except Exception as exc:  # noqa: BLE001 - Chroma down, model missing: research goes on without the bank
+            message = f"{type(exc).__name__}: {exc}"
+            _log.warning("rubric bank unavailable, running without references: %s", message)
+            sink(ev.Note("bank_unavailable", {"error": message}))
+            return Retrieval("none")
 
     async def run(
         self, question: str, options: RunOptions | None = None, on_event: EventSink | None = None
@@ -119,9 +140,12 @@ class ResearchService:
         deps = AgentDeps(policy=self.policy, tools=self.tools, options=opts)
         started = time.monotonic()
         try:
-            prompt = await render_prompt(question, deps)
+            refs = await self.references(question, opts, sink)
+            prompt = await render_prompt(question, deps, refs)
             version = self.policy.policy_version
             sid = self.log.create_session(question, prompt, opts.model_dump(mode="json"), version)
+            if refs.hits:
+                self.log.set_flags(sid, injected_bank_items=refs.item_ids)
         except Exception as exc:  # nothing was written: report it typed, without a session id
             sink(ev.RunFailed(None, f"{type(exc).__name__}: {exc}"))
             if isinstance(exc, AgentError | StoreError):
@@ -129,14 +153,19 @@ class ResearchService:
             raise RunFailedError(None, f"{type(exc).__name__}: {exc}") from exc
         try:
             sink(ev.SessionStarted(sid, version))
+            if refs.hits:
+                sink(ev.ReferencesInjected(refs.mode, tuple(
+                    ev.BankReference(h.item.id, h.item.question, round(h.similarity, 4)) for h in refs.hits)))
             deps.recorder = _SessionRecorder(self.log, sid, sink)
-            result = await execute(sid, question, prompt, deps)
+            result = await execute(sid, question, prompt, deps, refs.item_ids)
             traj, report = result.trajectory, result.report
             seconds = time.monotonic() - started
             self.log.set_flags(
                 sid, malformed=traj.malformed, max_consecutive_tool_errors=traj.max_consecutive_tool_errors
             )
-            self.log.finish(sid, "completed", report=report.markdown, metrics=_metrics(traj, report, seconds))
+            metrics = _metrics(traj, report, seconds) | {"bank": {
+                "mode": refs.mode, "items": [{"id": h.item.id, "similarity": round(h.similarity, 4)} for h in refs.hits]}}
+            self.log.finish(sid, "completed", report=report.markdown, metrics=metrics)
         except BaseException as exc:  # whatever stopped the run (even Ctrl-C), the session is marked failed
             message = f"{type(exc).__name__}: {exc}"
             self._mark_failed(sid, message, time.monotonic() - started)

@@ -8,6 +8,31 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 
+class BankConfig(BaseModel):
+    """Rubric-bank settings (env: RUBRICEM_STORE__BANK__<FIELD>); the bank lives in the same Chroma as the documents."""
+
+    collection: str = Field(default="rubric_bank", description="Chroma collection of the rubric bank.")
+    embedding_model: str = Field(
+        default="",
+        description="Sentence-transformers model that embeds bank questions; empty = the bundled offline MiniLM "
+        "(the paper used Qwen/Qwen3-Embedding-0.6B).",
+    )
+    top_k: int = Field(default=2, ge=1, le=20, description="Cross-episode items injected per question (paper: 2).")
+    min_similarity: float = Field(
+        default=0.4, ge=-1.0, le=1.0,
+        description="Cosine similarity a cross-episode item needs to be injected (MiniLM: same kind of question "
+        "~0.45-0.65, unrelated < 0.2).",
+    )
+    dedup_similarity: float = Field(
+        default=0.97, ge=0.0, le=1.0,
+        description="Questions at least this similar count as the same question: the newer item replaces the older.",
+    )
+    capacity: int = Field(default=100_000, ge=1, description="Most items kept; beyond it the lowest-retention go.")
+    half_life_days: float = Field(
+        default=90.0, gt=0.0, description="Eviction ages scores: retention = u * 0.5 ** (age_days / half_life_days)."
+    )
+
+
 class StoreConfig(BaseModel):
     """Persistence settings (env: RUBRICEM_STORE__<FIELD>)."""
 
@@ -25,6 +50,8 @@ class StoreConfig(BaseModel):
         default="",
         description="Sentence-transformers model name or path for embeddings; empty = the bundled offline MiniLM.",
     )
+
+    bank: BankConfig = BankConfig()
 
     @property
     def sqlite_path(self) -> Path:

@@ -12,21 +12,20 @@ import math
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-import chromadb
-import httpx
 import numpy as np
 from chromadb.api import ClientAPI
 from chromadb.api.models.Collection import Collection
-from chromadb.errors import ChromaError, NotFoundError
+from chromadb.errors import NotFoundError
 from rank_bm25 import BM25Okapi
 
+from store.chroma import chroma_errors, open_chroma_client
 from store.config import StoreConfig
-from store.embeddings import EmbeddingModelError, SentenceTransformerEmbedding, embed_texts
+from store.embeddings import SentenceTransformerEmbedding, embed_texts
 from store.errors import StoreError
 
 RRF_K = 60
@@ -129,28 +128,14 @@ def search_text(title: str, text: str) -> str:
     return f"{title}\n{text}" if title else text
 
 
-def open_chroma_client(config: StoreConfig) -> ClientAPI:
-    """A Chroma client per the config: embedded PersistentClient under data_dir, or HttpClient to a server.
-
-    Raises:
-        DocIndexError: the folder cannot be created or the server cannot be reached.
-    """
-    with _chroma_errors("open the Chroma database"):
-        if config.chroma_mode == "server":
-            return chromadb.HttpClient(host=config.chroma_host, port=config.chroma_port)
-        config.chroma_path.mkdir(parents=True, exist_ok=True)
-        return chromadb.PersistentClient(path=str(config.chroma_path))
+def open_index_client(config: StoreConfig) -> ClientAPI:
+    """A Chroma client for the document index (DocIndexError when Chroma cannot be opened)."""
+    return open_chroma_client(config, DocIndexError)
 
 
-@contextmanager
-def _chroma_errors(action: str) -> Iterator[None]:
-    """Map Chroma, transport and model failures to DocIndexError (by type, never by message)."""
-    try:
-        yield
-    except DocIndexError:
-        raise
-    except (ChromaError, httpx.HTTPError, ConnectionError, OSError, ValueError, EmbeddingModelError) as exc:
-        raise DocIndexError(f"could not {action}: {type(exc).__name__}: {exc}") from exc
+def _chroma_errors(action: str) -> AbstractContextManager[None]:
+    """Map Chroma, transport and model failures to DocIndexError."""
+    return chroma_errors(action, DocIndexError)
 
 
 class DocIndex:
@@ -173,7 +158,7 @@ class DocIndex:
         self._write_batch = max(1, write_batch)
         self._lock = threading.RLock()
         self._bm25: _Bm25Cache | None = None
-        self._client = client if client is not None else open_chroma_client(config)
+        self._client = client if client is not None else open_index_client(config)
         self._collection = self._open_collection()
 
     def _open_collection(self) -> Collection:
@@ -464,7 +449,7 @@ __all__ = [
     "Hit",
     "ProgressFn",
     "chunk_id",
-    "open_chroma_client",
+    "open_index_client",
     "reciprocal_rank_fusion",
     "search_text",
     "tokenize",

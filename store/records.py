@@ -8,8 +8,10 @@ the turns, so they can never drift out of sync with what was sampled.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Literal
 
 Stage = Literal["plan", "research", "review", "answer"]
@@ -110,7 +112,7 @@ class Trajectory:
     tool_calls: tuple[ToolCallRecord, ...] = ()
     malformed: bool = False  # a required stage is missing even after the forced-prefix retry (METHOD D7)
     max_consecutive_tool_errors: int = 0
-    injected_bank_items: tuple[str, ...] = ()  # rubric-bank ids put into the prompt (later issue)
+    injected_bank_items: tuple[str, ...] = ()  # rubric-bank item ids put into the prompt, in prompt order
 
     @property
     def assistant_text(self) -> str:
@@ -180,3 +182,80 @@ class SessionRecord:
     report: str | None = None
     error: str | None = None
     metrics: Mapping[str, object] = field(default_factory=dict)
+
+
+def normalise_question(question: str) -> str:
+    """Lower-case, whitespace-collapsed question: the key under which attempts at "the same question" meet."""
+    return " ".join(question.lower().split())
+
+
+def question_sha(question: str) -> str:
+    """SHA-256 of the normalised question (rubric-bank within-episode key; the judge's rubric-buffer key)."""
+    return sha256_text(normalise_question(question))
+
+
+RetrievalMode = Literal["within", "cross", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class BankItem:
+    """One rubric-bank item: the accepted reflection on one judged trajectory (METHOD §7.1)."""
+
+    id: str
+    question: str
+    question_sha: str
+    rubrics: str  # inner text of <reflection_rubrics>
+    takeaways: str  # inner text of <reflection_takeaways>
+    score: float  # the reflection judge's u in [0, 1]
+    judge_model: str
+    policy_version: str
+    session_id: str
+    created_at: str  # ISO-8601 UTC
+
+    @classmethod
+    def new(
+        cls,
+        *,
+        question: str,
+        rubrics: str,
+        takeaways: str,
+        score: float,
+        judge_model: str,
+        policy_version: str,
+        session_id: str,
+        created_at: str | None = None,
+    ) -> BankItem:
+        """A fresh item with a random id, the question's hash and the current time."""
+        return cls(
+            id=f"bank-{uuid.uuid4().hex[:16]}",
+            question=question.strip(),
+            question_sha=question_sha(question),
+            rubrics=rubrics.strip(),
+            takeaways=takeaways.strip(),
+            score=float(score),
+            judge_model=judge_model,
+            policy_version=policy_version,
+            session_id=session_id,
+            created_at=created_at or datetime.now(UTC).isoformat(timespec="microseconds"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BankHit:
+    """A retrieved item and its cosine similarity to the query (1.0 for a within-episode match)."""
+
+    item: BankItem
+    similarity: float
+
+
+@dataclass(frozen=True, slots=True)
+class Retrieval:
+    """What the bank returned for a question: within-episode (same question), cross-episode (similar ones), none."""
+
+    mode: RetrievalMode
+    hits: tuple[BankHit, ...] = ()
+
+    @property
+    def item_ids(self) -> tuple[str, ...]:
+        """Ids of the retrieved items, in prompt order."""
+        return tuple(h.item.id for h in self.hits)

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.servers import free_port, server_process
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # hub lookups fail at once instead of timing out (no hub on this network)
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -25,6 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_CACHE = REPO_ROOT / ".cache" / "models"  # git-ignored; reused across runs so conversion happens once
 LLAMACPP_ALIAS = "smollm2"
 LLAMACPP_START_TIMEOUT_S = 90.0
+CHROMA_START_TIMEOUT_S = 30.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -63,12 +62,6 @@ def embedded_policy(smollm2_dir: Path) -> Iterator[object]:
     asyncio.run(client.aclose())
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def llamacpp_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real llama-cpp-python OpenAI-compatible server on 127.0.0.1 serving SmolLM2 as `smollm2`.
@@ -83,7 +76,7 @@ def llamacpp_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
             "(it builds llama-cpp-python[server] once, about 6 minutes)",
             pytrace=False,
         )
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("llamacpp") / "server.log"
     cmd = [
         sys.executable, "-m", "llama_cpp.server",
@@ -96,31 +89,21 @@ def llamacpp_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
         "--verbose", "false",
     ]  # fmt: skip
     root = f"http://127.0.0.1:{port}"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-    try:
-        deadline = time.monotonic() + LLAMACPP_START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-3000:]
-                pytest.fail(f"llama.cpp server exited with {proc.returncode} while starting:\n{tail}", pytrace=False)
-            try:
-                if httpx.get(f"{root}/v1/models", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama.cpp server did not answer within {LLAMACPP_START_TIMEOUT_S:.0f}s", pytrace=False)
-            time.sleep(0.25)
+    with server_process("llama.cpp server", cmd, f"{root}/v1/models", log_path, LLAMACPP_START_TIMEOUT_S,
+                        cwd=REPO_ROOT):
         yield root
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """A real `chroma run` server on 127.0.0.1 (own data folder), stopped by pid at the end of the run."""
+    port = free_port()
+    data = tmp_path_factory.mktemp("chroma-server")
+    chroma = Path(sys.executable).parent / "chroma"
+    cmd = [str(chroma), "run", "--path", str(data), "--host", "127.0.0.1", "--port", str(port)]
+    with server_process("chroma server", cmd, f"http://127.0.0.1:{port}/api/v2/heartbeat",
+                        data.parent / f"chroma-server-{port}.log", CHROMA_START_TIMEOUT_S):
+        yield "127.0.0.1", port
 
 
 # --- a small real document index, shared by agent, judge and app tests --------------------------------------------

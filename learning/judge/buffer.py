@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from learning.errors import LearningError
 from learning.judge.types import Rubric, RubricBufferStore
-from store.records import STAGES, Stage, sha256_text
+from store.records import STAGES, Stage, question_sha, sha256_text
 
 CAPS: Mapping[Stage, int] = MappingProxyType({"plan": 3, "research": 2, "review": 2, "answer": 3})
 """Active-rubric capacity per stage, C = (3, 2, 2, 3) (METHOD §5.2 C.1). Persistent rubrics do not count."""
@@ -29,16 +29,6 @@ _NON_WORD = re.compile(r"[^\w]+")
 
 class BufferPayloadError(LearningError):
     """A stored rubric-buffer payload is not in the expected format."""
-
-
-def normalise_question(question: str) -> str:
-    """Lower-case, whitespace-collapsed question (the same key the judging pipeline groups sessions by)."""
-    return " ".join(question.lower().split())
-
-
-def question_sha(question: str) -> str:
-    """The buffer key of a question: SHA-256 of its normalised text."""
-    return sha256_text(normalise_question(question))
 
 
 def normalise_title(title: str) -> str:

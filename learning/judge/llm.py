@@ -20,7 +20,6 @@ from learning.judge.buffer import (
     PruneResult,
     RubricBuffer,
     load_buffer,
-    normalise_question,
     question_sha,
     rubric_id,
     save_buffer,
@@ -38,7 +37,7 @@ from learning.judge.types import (
     Usage,
 )
 from learning.prompts import messages, prompt_version
-from store.records import STAGES, Stage, Trajectory
+from store.records import STAGES, Stage, Trajectory, normalise_question
 
 STAGE_KEYS: Mapping[str, Stage] = {"stage_1": "plan", "stage_2": "research", "stage_3": "review", "stage_4": "answer"}
 STAGE_NAMES: Mapping[Stage, str] = {"plan": "Plan", "research": "Research", "review": "Review", "answer": "Answer"}

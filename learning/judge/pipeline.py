@@ -11,15 +11,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from learning.judge.types import Judgement, TrajectoryJudge, Usage
-from store.records import SessionRecord
+from store.records import SessionRecord, normalise_question
 from store.session_log import SessionLog
 
 Progress = Callable[[str], None]
-
-
-def normalise_question(question: str) -> str:
-    """Lower-case, whitespace-collapsed question: sessions that asked the same thing form one judging group."""
-    return " ".join(question.lower().split())
 
 
 @dataclass

@@ -13,13 +13,12 @@ from learning.judge.buffer import (
     BufferPayloadError,
     RubricBuffer,
     load_buffer,
-    normalise_question,
     question_sha,
     rubric_id,
     save_buffer,
 )
 from learning.judge.types import Rubric
-from store.records import STAGES, sha256_text
+from store.records import STAGES, normalise_question, sha256_text
 from store.session_log import SessionLog
 
 Q = "What is  the Capital\nof France?"

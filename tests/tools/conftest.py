@@ -1,22 +1,16 @@
-"""Fixtures for the tool tests: a scriptable HTTP server on 127.0.0.1, a real Chroma server, small real indexes."""
+"""Fixtures for the tool tests: a scriptable HTTP server on 127.0.0.1 and small real indexes."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from tools_support import LocalServer, free_port, sample_passages
+from tools_support import LocalServer, sample_passages
 
 from store.config import StoreConfig
 from store.doc_index import DocIndex
 from store.embeddings import load_model
-
-CHROMA_START_TIMEOUT_S = 30.0
 
 
 @pytest.fixture(scope="session")
@@ -59,40 +53,3 @@ def passage_index(tmp_path_factory: pytest.TempPathFactory, embedding_model: obj
     idx = DocIndex(cfg)
     idx.add_documents(sample_passages())
     return idx
-
-
-@pytest.fixture(scope="session")
-def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    """A real `chroma run` server on 127.0.0.1 (own data folder), stopped by pid at the end of the run."""
-    port = free_port()
-    data = tmp_path_factory.mktemp("chroma-server")
-    log_path = data.parent / f"chroma-server-{port}.log"
-    chroma = Path(sys.executable).parent / "chroma"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [str(chroma), "run", "--path", str(data), "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + CHROMA_START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"chroma server exited while starting:\n{log_path.read_text()[-2000:]}", pytrace=False)
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/api/v2/heartbeat", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("chroma server did not answer its heartbeat in time", pytrace=False)
-            time.sleep(0.1)
-        yield "127.0.0.1", port
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)

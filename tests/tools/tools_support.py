@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -13,6 +12,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from agent.ingest import load_demo_corpus
 from store.doc_index import Document
+from tests.servers import free_port
+
+__all__ = ["LocalServer", "Reply", "Request", "free_port", "make_pdf", "sample_passages"]
 
 
 @dataclass(frozen=True)
@@ -126,13 +128,6 @@ class LocalServer:
         """Stop serving."""
         self._httpd.shutdown()
         self._httpd.server_close()
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_pdf(lines: list[str], title: str = "") -> bytes:

@@ -1,0 +1,559 @@
+"""The rubric bank: accepted reflections in a Chroma collection, embedded by question (RubricEM §3.4, METHOD §7).
+
+Retrieval has two modes. Within-episode: an exact match on the SHA-256 of the normalised question (the user asked
+this before). Cross-episode: the top-k items of *other* questions by cosine similarity (normalised embeddings, so
+cosine = inner product, METHOD open point 19), at or above a minimum similarity. Only the question is embedded, not
+its format instruction.
+
+Write rules (decisions for this project, METHOD open points 16-19):
+- one item per question: a newer item replaces an older one with the same question hash, and also any item whose
+  question is near-identical (cosine >= `dedup_similarity`), because those are the same question in other words;
+  an item older than the one already stored is not written (imports cannot roll the bank back);
+- a write is one Chroma record (document, embedding and metadata together), added before the items it replaces are
+  deleted: a failure leaves either the old item or both, never a partial one, and readers take the newest;
+- beyond `capacity` items, the lowest retention u * 0.5 ** (age_days / half_life_days) are evicted.
+One process writes (the trainer); any number read (the app), through a Chroma server when they are separate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from chromadb.api import ClientAPI
+from chromadb.api.models.Collection import Collection
+from chromadb.errors import NotFoundError
+
+from store.chroma import chroma_errors, open_chroma_client
+from store.config import BankConfig, StoreConfig
+from store.embeddings import SentenceTransformerEmbedding, embed_texts
+from store.errors import InvalidInput, StoreError
+from store.records import BankHit, BankItem, Retrieval, question_sha
+
+__all__ = [
+    "BankError",
+    "BankHit",
+    "BankItem",
+    "BankItemNotFound",
+    "ImportResult",
+    "PutResult",
+    "Retrieval",
+    "RubricBank",
+    "question_sha",
+]
+
+_META_MODEL = "embedding_model"
+_FIELDS = tuple(f.name for f in fields(BankItem))
+MAX_TEXT_CHARS = 20_000  # per block; a reflection is a few hundred words
+
+RequestedMode = Literal["auto", "within", "cross"]
+
+
+class BankError(StoreError):
+    """The bank could not be opened, read or written (Chroma down, model mismatch, bad file)."""
+
+
+class BankItemNotFound(BankError, LookupError):
+    """No bank item has this id."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """What a write did: stored (or why not), the ids it replaced and the ids evicted for capacity."""
+
+    item: BankItem
+    stored: bool
+    replaced: tuple[str, ...] = ()
+    evicted: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    """What an import did."""
+
+    read: int
+    stored: int
+    replaced: int
+    skipped: int
+    evicted: int
+
+
+def _parse_time(value: str) -> datetime:
+    t = datetime.fromisoformat(value)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def validate_item(item: BankItem) -> None:
+    """Raise InvalidInput unless the item is complete and consistent (non-empty blocks, u in [0, 1], own hash)."""
+    if not isinstance(item, BankItem):
+        raise InvalidInput(f"expected a BankItem, got {type(item).__name__}")
+    for name in _FIELDS:
+        if name != "score" and not isinstance(getattr(item, name), str):
+            raise InvalidInput(f"bank item field {name!r} must be a string")
+    if not item.id.strip():
+        raise InvalidInput("bank item id is empty")
+    if not item.question.strip():
+        raise InvalidInput("bank item question is empty")
+    if item.question_sha != question_sha(item.question):
+        raise InvalidInput("bank item question_sha does not match its question")
+    for name in ("rubrics", "takeaways"):
+        text = getattr(item, name)
+        if not text.strip():
+            raise InvalidInput(f"bank item {name} block is empty")
+        if len(text) > MAX_TEXT_CHARS:
+            raise InvalidInput(f"bank item {name} block is {len(text):,} characters; the limit is {MAX_TEXT_CHARS:,}")
+    if isinstance(item.score, bool) or not isinstance(item.score, int | float) or not 0.0 <= item.score <= 1.0:
+        raise InvalidInput(f"bank item score must be a number in [0, 1], got {item.score!r}")
+    try:
+        _parse_time(item.created_at)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"bank item created_at is not an ISO-8601 time: {item.created_at!r}") from exc
+
+
+def retention(item: BankItem, now: datetime, half_life_days: float) -> float:
+    """Eviction priority: the score halved every `half_life_days` of age (higher is kept)."""
+    age_days = max(0.0, (now - _parse_time(item.created_at)).total_seconds() / 86400.0)
+    return item.score * 0.5 ** (age_days / half_life_days)
+
+
+def _metadata(item: BankItem) -> dict[str, str | float]:
+    meta: dict[str, str | float] = {k: v for k, v in asdict(item).items() if k not in ("id", "question")}
+    meta["created_ts"] = _parse_time(item.created_at).timestamp()
+    return meta
+
+
+def _item(item_id: str, document: str | None, meta: Mapping[str, Any] | None) -> BankItem:
+    m = meta or {}
+    return BankItem(
+        id=item_id,
+        question=document or "",
+        question_sha=str(m.get("question_sha", "")),
+        rubrics=str(m.get("rubrics", "")),
+        takeaways=str(m.get("takeaways", "")),
+        score=float(m.get("score", 0.0)),
+        judge_model=str(m.get("judge_model", "")),
+        policy_version=str(m.get("policy_version", "")),
+        session_id=str(m.get("session_id", "")),
+        created_at=str(m.get("created_at", "")),
+    )
+
+
+def _vector(embedding: Sequence[float] | np.ndarray) -> list[float]:
+    v = np.asarray(embedding, dtype=np.float32).reshape(-1)
+    norm = float(np.linalg.norm(v))
+    if v.size == 0 or not math.isfinite(norm) or norm == 0.0:
+        raise InvalidInput("an embedding must be a non-empty, finite, non-zero vector")
+    return (v / norm).tolist()  # normalised: cosine similarity = 1 - Chroma's cosine distance
+
+
+class RubricBank:
+    """The Chroma-backed rubric bank (embedded PersistentClient or a Chroma server, per settings)."""
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        client: ClientAPI | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        """Open (or create) the bank collection.
+
+        Args:
+            config: store settings; `config.bank` holds the collection, embedding model and retrieval knobs.
+            client: an existing Chroma client to share with the document index (one client per path).
+            clock: the current time (eviction ages items by it).
+
+        Raises:
+            BankError: Chroma cannot be opened, or the collection was built with another embedding model.
+        """
+        self.config: BankConfig = config.bank
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._client = client if client is not None else open_chroma_client(config, BankError)
+        self._collection = self._open_collection()
+
+    def _open_collection(self) -> Collection:
+        name, model = self.config.collection, self.config.embedding_model.strip()
+        ef = SentenceTransformerEmbedding(model)
+        with chroma_errors(f"open the rubric bank collection {name!r}", BankError):
+            try:
+                col = self._client.get_collection(name, embedding_function=ef)  # type: ignore[arg-type]
+            except NotFoundError:
+                col = self._client.get_or_create_collection(
+                    name,
+                    embedding_function=ef,  # type: ignore[arg-type]
+                    configuration={"hnsw": {"space": "cosine"}},
+                    metadata={_META_MODEL: model},
+                )
+        built_with = (col.metadata or {}).get(_META_MODEL)
+        if built_with is not None and built_with != model:
+            raise BankError(
+                f"the rubric bank {name!r} was built with embedding model {built_with!r} but {model!r} is configured; "
+                "use the same model, another bank collection, or export and re-import the bank"
+            )
+        return col
+
+    # ---- embedding -----------------------------------------------------------------------------------------
+
+    def embed(self, questions: Sequence[str]) -> list[list[float]]:
+        """Normalised question embeddings with the bank's model."""
+        with chroma_errors("embed bank questions", BankError):
+            return [_vector(v) for v in embed_texts(list(questions), self.config.embedding_model)]
+
+    # ---- reading -------------------------------------------------------------------------------------------
+
+    def count(self) -> int:
+        """Number of items."""
+        with chroma_errors("count the rubric bank", BankError):
+            return self._collection.count()
+
+    def get(self, item_id: str) -> BankItem:
+        """The item with this id.
+
+        Raises:
+            BankItemNotFound: no such id.
+        """
+        with chroma_errors("read the rubric bank", BankError):
+            got = self._collection.get(ids=[item_id], include=["documents", "metadatas"])
+        if not got["ids"]:
+            raise BankItemNotFound(f"no rubric-bank item {item_id!r}")
+        return _item(got["ids"][0], (got["documents"] or [None])[0], (got["metadatas"] or [None])[0])
+
+    def _where(self, where: Mapping[str, Any]) -> list[BankItem]:
+        with chroma_errors("read the rubric bank", BankError):
+            got = self._collection.get(where=dict(where), include=["documents", "metadatas"])  # type: ignore[arg-type]
+        docs, metas = got["documents"] or [], got["metadatas"] or []
+        items = [_item(i, d, m) for i, d, m in zip(got["ids"], docs, metas, strict=True)]
+        return sorted(items, key=lambda it: _parse_time(it.created_at), reverse=True)
+
+    def by_question(self, question: str) -> BankItem | None:
+        """The newest item for exactly this (normalised) question, or None."""
+        items = self._where({"question_sha": question_sha(question)})
+        return items[0] if items else None
+
+    def items(self, *, batch: int = 1000) -> Iterator[BankItem]:
+        """Every item (no particular order), read in pages."""
+        offset = 0
+        while True:
+            with chroma_errors("read the rubric bank", BankError):
+                got = self._collection.get(limit=batch, offset=offset, include=["documents", "metadatas"])
+            if not got["ids"]:
+                return
+            docs, metas = got["documents"] or [], got["metadatas"] or []
+            yield from (_item(i, d, m) for i, d, m in zip(got["ids"], docs, metas, strict=True))
+            offset += len(got["ids"])
+
+    def list_items(self, limit: int | None = None) -> list[BankItem]:
+        """Items newest first (at most `limit`)."""
+        items = sorted(self.items(), key=lambda it: _parse_time(it.created_at), reverse=True)
+        return items[:limit] if limit is not None else items
+
+    def search(
+        self,
+        question: str,
+        k: int,
+        *,
+        exclude_sha: str | None = None,
+        embedding: Sequence[float] | np.ndarray | None = None,
+    ) -> list[BankHit]:
+        """The `k` items most similar to `question` (cosine), best first, optionally excluding one question hash."""
+        if k <= 0:
+            return []
+        n = self.count()
+        if n == 0:
+            return []
+        vec = _vector(embedding) if embedding is not None else self.embed([question])[0]
+        where = {"question_sha": {"$ne": exclude_sha}} if exclude_sha else None
+        with chroma_errors("search the rubric bank", BankError):
+            res = self._collection.query(
+                query_embeddings=[vec],  # type: ignore[arg-type]
+                n_results=min(k, n),
+                where=where,  # type: ignore[arg-type]
+                include=["documents", "metadatas", "distances"],
+            )
+        ids, docs = res["ids"][0], (res["documents"] or [[]])[0]
+        metas, dists = (res["metadatas"] or [[]])[0], (res["distances"] or [[]])[0]
+        return [BankHit(_item(i, d, m), 1.0 - float(dist)) for i, d, m, dist in zip(ids, docs, metas, dists,
+                                                                                     strict=True)]
+
+    def retrieve(
+        self,
+        question: str,
+        *,
+        mode: RequestedMode = "auto",
+        k: int | None = None,
+        min_similarity: float | None = None,
+        embedding: Sequence[float] | np.ndarray | None = None,
+    ) -> Retrieval:
+        """Bank items for a new question (METHOD §7.2).
+
+        auto: within-episode if this exact question has an item, else cross-episode. within / cross: only that mode
+        (the training curriculum asks for one explicitly). Cross-episode never returns the question's own item.
+
+        Args:
+            question: the user's question (only the question is embedded).
+            mode: "auto", "within" or "cross".
+            k: cross-episode items (default: settings, 2).
+            min_similarity: cosine threshold for cross-episode items (default: settings).
+            embedding: a precomputed query embedding (skips the embedding model).
+        """
+        if mode not in ("auto", "within", "cross"):
+            raise InvalidInput(f"retrieval mode must be auto, within or cross, got {mode!r}")
+        sha = question_sha(question)
+        if mode in ("auto", "within"):
+            own = self._where({"question_sha": sha})
+            if own:
+                return Retrieval("within", (BankHit(own[0], 1.0),))
+            if mode == "within":
+                return Retrieval("none")
+        threshold = self.config.min_similarity if min_similarity is None else min_similarity
+        hits = [h for h in self.search(question, self.config.top_k if k is None else k, exclude_sha=sha,
+                                       embedding=embedding) if h.similarity >= threshold]
+        return Retrieval("cross", tuple(hits)) if hits else Retrieval("none")
+
+    # ---- writing -------------------------------------------------------------------------------------------
+
+    def put(self, item: BankItem, embedding: Sequence[float] | np.ndarray | None = None) -> PutResult:
+        """Store an item, replacing the item(s) of the same or a near-identical question.
+
+        Not stored (PutResult.stored False, with the reason) when an item for that question is newer.
+
+        Raises:
+            InvalidInput: the item is incomplete or inconsistent (nothing written).
+            BankError: Chroma failed (the bank holds the old item, or the old and the new one).
+        """
+        validate_item(item)
+        vec = _vector(embedding) if embedding is not None else self.embed([item.question])[0]
+        with self._lock:
+            olds = {it.id: it for it in self._where({"question_sha": item.question_sha})}
+            for hit in self.search(item.question, 5, embedding=vec):
+                if hit.similarity >= self.config.dedup_similarity:
+                    olds[hit.item.id] = hit.item
+            olds.pop(item.id, None)
+            newer = [o for o in olds.values() if _parse_time(o.created_at) > _parse_time(item.created_at)]
+            if newer:
+                return PutResult(item, False, reason=f"item {newer[0].id} for this question is newer")
+            with chroma_errors("write to the rubric bank", BankError):
+                self._collection.upsert(
+                    ids=[item.id], documents=[item.question], embeddings=[vec],  # type: ignore[arg-type]
+                    metadatas=[_metadata(item)],  # type: ignore[list-item]
+                )
+                if olds:
+                    self._collection.delete(ids=list(olds))
+            evicted = self._evict()
+        return PutResult(item, True, replaced=tuple(olds), evicted=evicted)
+
+    def add_many(
+        self,
+        items: Sequence[BankItem],
+        embeddings: Sequence[Sequence[float]] | np.ndarray | None = None,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ImportResult:
+        """Bulk load (imports, benchmarks): validate all first, then write in batches.
+
+        Same question-hash rules as `put` (newest wins, within the batch too), but no near-duplicate check per item:
+        run `dedupe()` afterwards for that.
+
+        Raises:
+            InvalidInput: an item or embedding is invalid (nothing written).
+        """
+        for it in items:
+            validate_item(it)
+        if embeddings is not None and len(embeddings) != len(items):
+            raise InvalidInput(f"{len(embeddings)} embeddings for {len(items)} items")
+        vectors = [_vector(e) for e in embeddings] if embeddings is not None else None
+        newest: dict[str, int] = {}
+        for i, it in enumerate(items):
+            j = newest.get(it.question_sha)
+            if j is None or _parse_time(it.created_at) >= _parse_time(items[j].created_at):
+                newest[it.question_sha] = i
+        keep = sorted(newest.values())
+        stored = replaced = 0
+        with self._lock:
+            batch = max(1, min(self._max_batch(), 2000))
+            for start in range(0, len(keep), batch):
+                chunk = [items[i] for i in keep[start:start + batch]]
+                vecs = [vectors[i] for i in keep[start:start + batch]] if vectors is not None else self.embed(
+                    [it.question for it in chunk])
+                olds: dict[str, BankItem] = {}
+                for sha_chunk in _chunks([it.question_sha for it in chunk], 500):
+                    olds.update({o.question_sha + "\0" + o.id: o for o in self._where(
+                        {"question_sha": {"$in": sha_chunk}})})
+                by_sha: dict[str, list[BankItem]] = {}
+                for o in olds.values():
+                    by_sha.setdefault(o.question_sha, []).append(o)
+                write_items, write_vecs, drop = [], [], []
+                for it, v in zip(chunk, vecs, strict=True):
+                    existing = [o for o in by_sha.get(it.question_sha, []) if o.id != it.id]
+                    if any(_parse_time(o.created_at) > _parse_time(it.created_at) for o in existing):
+                        continue
+                    write_items.append(it)
+                    write_vecs.append(v)
+                    drop += [o.id for o in existing]
+                with chroma_errors("write to the rubric bank", BankError):
+                    if write_items:
+                        self._collection.upsert(
+                            ids=[it.id for it in write_items], documents=[it.question for it in write_items],
+                            embeddings=write_vecs,  # type: ignore[arg-type]
+                            metadatas=[_metadata(it) for it in write_items],  # type: ignore[misc]
+                        )
+                    if drop:
+                        self._collection.delete(ids=drop)
+                stored += len(write_items)
+                replaced += len(drop)
+                if progress is not None:
+                    progress(min(start + batch, len(keep)), len(keep))
+            evicted = self._evict()
+        return ImportResult(read=len(items), stored=stored, replaced=replaced, skipped=len(items) - stored,
+                            evicted=len(evicted))
+
+    def delete(self, item_id: str) -> None:
+        """Remove one item.
+
+        Raises:
+            BankItemNotFound: no such id.
+        """
+        with self._lock:
+            self.get(item_id)
+            with chroma_errors("delete from the rubric bank", BankError):
+                self._collection.delete(ids=[item_id])
+
+    def clear(self) -> int:
+        """Remove every item; returns how many there were."""
+        with self._lock:
+            ids = [it.id for it in self.items()]
+            with chroma_errors("clear the rubric bank", BankError):
+                for chunk in _chunks(ids, self._max_batch()):
+                    self._collection.delete(ids=chunk)
+        return len(ids)
+
+    def dedupe(self) -> list[str]:
+        """Remove near-identical items (question cosine >= dedup_similarity), keeping the newest of each group.
+
+        Returns the removed ids. Cost is quadratic in the bank size (blocked matrix products), so this is a
+        maintenance command, not a per-request step.
+        """
+        with self._lock:
+            ids, times, vecs = self._all_vectors()
+            if len(ids) < 2:
+                return []
+            order = np.argsort(-np.asarray(times), kind="stable")  # newest first: the newest of a group is kept
+            mat = np.asarray(vecs, dtype=np.float32)[order]
+            kept: list[int] = []
+            removed: list[str] = []
+            for row in range(len(order)):
+                if kept and float(np.max(mat[kept] @ mat[row])) >= self.config.dedup_similarity:
+                    removed.append(ids[int(order[row])])
+                else:
+                    kept.append(row)
+            with chroma_errors("deduplicate the rubric bank", BankError):
+                for chunk in _chunks(removed, self._max_batch()):
+                    self._collection.delete(ids=chunk)
+        return removed
+
+    def _all_vectors(self) -> tuple[list[str], list[float], list[list[float]]]:
+        ids: list[str] = []
+        times: list[float] = []
+        vecs: list[list[float]] = []
+        offset = 0
+        while True:
+            with chroma_errors("read the rubric bank", BankError):
+                got = self._collection.get(limit=2000, offset=offset, include=["metadatas", "embeddings"])
+            if not got["ids"]:
+                return ids, times, vecs
+            metas = got["metadatas"] or []
+            embs = got["embeddings"] if got["embeddings"] is not None else []
+            for i, m, e in zip(got["ids"], metas, embs, strict=True):
+                ids.append(i)
+                times.append(float((m or {}).get("created_ts", 0.0)))
+                vecs.append(list(e))
+            offset += len(got["ids"])
+
+    def _evict(self) -> tuple[str, ...]:
+        """Drop the lowest-retention items beyond capacity (caller holds the lock)."""
+        excess = self.count() - self.config.capacity
+        if excess <= 0:
+            return ()
+        now = self._clock()
+        ranked = sorted(self.items(), key=lambda it: (retention(it, now, self.config.half_life_days), it.created_at))
+        victims = [it.id for it in ranked[:excess]]
+        with chroma_errors("evict from the rubric bank", BankError):
+            for chunk in _chunks(victims, self._max_batch()):
+                self._collection.delete(ids=chunk)
+        return tuple(victims)
+
+    def _max_batch(self) -> int:
+        try:
+            return int(self._client.get_max_batch_size())
+        except Exception:  # noqa: BLE001 - older servers lack the endpoint; Chroma's documented floor is safe
+            return 5000
+
+    # ---- export / import -----------------------------------------------------------------------------------
+
+    def export_jsonl(self, path: Path) -> int:
+        """Write every item (newest first) as JSON lines, atomically (temp file + rename); returns the count.
+
+        Embeddings are not exported: an import re-embeds with the importing bank's model.
+        """
+        items = self.list_items()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                for it in items:
+                    out.write(json.dumps(asdict(it), ensure_ascii=False) + "\n")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return len(items)
+
+    def import_jsonl(self, path: Path, progress: Callable[[int, int], None] | None = None) -> ImportResult:
+        """Read an export and add its items (newest per question wins); a bad line aborts before any write.
+
+        Raises:
+            InvalidInput: the file is missing, not JSON lines, or an item is invalid (message names the line).
+        """
+        items = list(read_jsonl(Path(path)))
+        return self.add_many(items, progress=progress)
+
+
+def read_jsonl(path: Path) -> Iterable[BankItem]:
+    """Parse and validate a bank export; raise InvalidInput naming the first bad line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read {path}: {exc}") from exc
+    out: list[BankItem] = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            if not isinstance(data, dict):
+                raise TypeError("not a JSON object")
+            missing = [f for f in _FIELDS if f not in data]
+            if missing:
+                raise KeyError(f"missing fields {missing}")
+            item = BankItem(**{f: data[f] for f in _FIELDS})
+            validate_item(item)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InvalidInput(f"{path}:{n}: not a valid bank item: {exc}") from exc
+        out.append(item)
+    return out
+
+
+def _chunks(seq: Sequence[str], size: int) -> Iterator[list[str]]:
+    for i in range(0, len(seq), max(1, size)):
+        yield list(seq[i:i + size])
