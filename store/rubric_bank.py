@@ -226,7 +226,8 @@ class RubricBank:
             got = self._collection.get(ids=[item_id], include=["documents", "metadatas"])
         if not got["ids"]:
             raise BankItemNotFound(f"no rubric-bank item {item_id!r}")
-        return _item(got["ids"][0], (got["documents"] or [None])[0], (got["metadatas"] or [None])[0])
+        docs, metas = got["documents"] or [], got["metadatas"] or []
+        return _item(got["ids"][0], docs[0] if docs else None, metas[0] if metas else None)
 
     def _where(self, where: Mapping[str, Any]) -> list[BankItem]:
         with chroma_errors("read the rubric bank", BankError):
@@ -475,7 +476,8 @@ class RubricBank:
             embs = got["embeddings"] if got["embeddings"] is not None else []
             for i, m, e in zip(got["ids"], metas, embs, strict=True):
                 ids.append(i)
-                times.append(float((m or {}).get("created_ts", 0.0)))
+                ts = (m or {}).get("created_ts", 0.0)
+                times.append(float(ts) if isinstance(ts, int | float) else 0.0)
                 vecs.append(list(e))
             offset += len(got["ids"])
 

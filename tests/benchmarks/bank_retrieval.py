@@ -1,0 +1,123 @@
+"""Benchmark (not a test): rubric-bank retrieval latency at 100,000 items on real embedded Chroma.
+
+Fills a bank with N items whose question embeddings are precomputed (random unit vectors in MiniLM's 384
+dimensions, clustered into topics so that neighbourhoods exist, as in a real bank), then times `RubricBank.retrieve`
+for Q held-out questions in the two ways the app can call it:
+
+- excluding query embedding: the query vector is given (what the trainer does with cached embeddings);
+- including query embedding: the question text is embedded with the bundled MiniLM first (what a research run does).
+
+Each retrieval is the full product path: the within-episode hash lookup, then the cross-episode top-k query that
+excludes the question's own hash. Half the timed questions are in the bank (within-episode hits).
+
+    .venv/bin/python tests/benchmarks/bank_retrieval.py [--items 100000] [--queries 200] [--dir DIR] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from store.config import BankConfig, StoreConfig  # noqa: E402
+from store.embeddings import embed_texts  # noqa: E402
+from store.records import BankItem  # noqa: E402
+from store.rubric_bank import RubricBank  # noqa: E402
+
+DIM = 384  # all-MiniLM-L6-v2
+TOPICS = 500
+
+
+def synthetic(n: int, seed: int = 0) -> tuple[list[BankItem], np.ndarray]:
+    """n items with topic-clustered unit vectors; created over the last 90 days."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((TOPICS, DIM)).astype(np.float32)
+    topic = rng.integers(0, TOPICS, n)
+    vecs = centres[topic] + 0.6 * rng.standard_normal((n, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    start = datetime(2026, 8, 1, tzinfo=UTC)
+    items = [
+        BankItem.new(
+            question=f"Synthetic research question {i} about topic {topic[i]}: what changed and why?",
+            rubrics="Critical Requirement: state the cause. Pitfalls: undated claims.",
+            takeaways="1. Search the primary source first.\n2. Cite each number.",
+            score=float(rng.uniform(0.3, 1.0)), judge_model="bench-judge", policy_version="policy@0",
+            session_id=f"bench-{i}", created_at=(start + timedelta(seconds=77 * i)).isoformat(),
+        )
+        for i in range(n)
+    ]
+    return items, vecs
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    """p50 / p99 / mean in milliseconds."""
+    ms = sorted(1000 * s for s in samples)
+    return {"p50_ms": round(statistics.median(ms), 2), "p99_ms": round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 2),
+            "mean_ms": round(statistics.fmean(ms), 2), "n": len(ms)}
+
+
+def main() -> None:
+    """Fill, time, report."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--items", type=int, default=100_000)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--dir", type=Path, help="data folder (default: a fresh temporary one); reused if it is filled")
+    ap.add_argument("--out", type=Path, help="also write the numbers as JSON")
+    args = ap.parse_args()
+
+    data = args.dir or Path(tempfile.mkdtemp(prefix="bank-bench-"))
+    bank = RubricBank(StoreConfig(data_dir=data, bank=BankConfig(capacity=max(args.items, 1))))
+    items, vecs = synthetic(args.items)
+    fill_s = 0.0
+    if bank.count() < args.items:
+        t0 = time.perf_counter()
+        last = [t0]
+
+        def tick(done: int, total: int) -> None:
+            if time.perf_counter() - last[0] > 10 or done == total:
+                last[0] = time.perf_counter()
+                print(f"  filled {done:,}/{total:,} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+
+        bank.add_many(items, vecs, progress=tick)
+        fill_s = time.perf_counter() - t0
+    print(f"bank holds {bank.count():,} items (filled in {fill_s:.1f}s)", file=sys.stderr)
+
+    rng = np.random.default_rng(1)
+    in_bank = rng.choice(args.items, args.queries // 2, replace=False)
+    new_q = [f"A new question on topic {int(t)}: which sources disagree?" for t in rng.integers(0, TOPICS, args.queries
+                                                                                                 - len(in_bank))]
+    questions = [items[int(i)].question for i in in_bank] + new_q
+    query_vecs = np.concatenate([vecs[in_bank], vecs[rng.integers(0, args.items, len(new_q))]])
+    embed_texts(["warm-up"])  # load MiniLM before timing
+    bank.retrieve(questions[0], embedding=query_vecs[0])  # warm the HNSW index into memory
+
+    excl, incl, modes = [], [], {"within": 0, "cross": 0, "none": 0}
+    for q, v in zip(questions, query_vecs, strict=True):
+        t0 = time.perf_counter()
+        r = bank.retrieve(q, embedding=v)
+        excl.append(time.perf_counter() - t0)
+        modes[r.mode] += 1
+        t0 = time.perf_counter()
+        bank.retrieve(q)
+        incl.append(time.perf_counter() - t0)
+    result = {
+        "items": bank.count(), "queries": len(questions), "fill_seconds": round(fill_s, 1), "modes": modes,
+        "excluding_query_embedding": percentiles(excl), "including_query_embedding": percentiles(incl),
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
