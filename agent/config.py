@@ -37,6 +37,9 @@ class RunOptions(BaseModel):
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     seed: int | None = Field(default=None, description="Sampling seed (reproducible runs where the backend allows).")
     inject_bank: bool = Field(default=True, description="Retrieve rubric-bank reflections into the prompt.")
+    bank_mode: Literal["auto", "within", "cross"] = Field(
+        default="auto", description="auto: the same question's reflection if there is one, else similar questions'; "
+        "within / cross: only that kind (the training curriculum).")
     context_tokens: int = Field(
         default=8192, ge=512, description="Policy context window; research stops early to leave room for review+answer."
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from store.records import FinishReason, Retrieval, Snippet, TokenSource
 
@@ -103,6 +103,6 @@ class SearchTool(Protocol):
 class ReflectionBank(Protocol):
     """The rubric bank as the agent side sees it (store.rubric_bank.RubricBank implements it)."""
 
-    def retrieve(self, question: str) -> Retrieval:
-        """Within-episode item for this exact question, else the cross-episode items of similar questions."""
+    def retrieve(self, question: str, *, mode: Literal["auto", "within", "cross"] = "auto") -> Retrieval:
+        """Within-episode item for this exact question, else (or only, per `mode`) similar questions' items."""
         ...

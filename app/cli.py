@@ -18,13 +18,15 @@ from pydantic import ValidationError
 
 from agent.config import RunOptions
 from agent.errors import AgentError, IngestError, InputError
-from app import cli_bank
+from app import cli_bank, cli_loop, cli_train
 from app import events as ev
 from app.container import ConfigurationError
+from app.scheduler import CycleLocked
 from app.settings import Settings
 from learning.errors import LearningError
 from store.doc_index import DocIndexError
 from store.errors import InvalidInput, SessionNotFound, StoreError
+from store.registry import RegistryError
 from store.rubric_bank import BankItemNotFound
 
 
@@ -82,6 +84,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from app.service import RunFailedError, stage_summary
 
     settings = Settings()
+    if args.adapter:
+        if not (Path(args.adapter) / "adapter_config.json").is_file():
+            raise InputError(f"--adapter {args.adapter}: not a LoRA adapter folder (adapter_config.json missing)")
+        settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={
+            "embedded_adapter_path": Path(args.adapter)})})
     progress = Progress(args.quiet)
     question = validate_question(args.question, settings.agent.max_question_chars)  # fail fast, before loading
     options = _run_options(settings, args)
@@ -276,6 +283,7 @@ def parser() -> argparse.ArgumentParser:
     ask.add_argument("--temperature", type=float)
     ask.add_argument("--wall-clock", type=float, dest="wall_clock_s", help="hard time limit in seconds")
     ask.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    ask.add_argument("--adapter", help="a trained LoRA adapter folder (embedded backend), e.g. from rubricem train")
     ask.set_defaults(func=cmd_ask)
     ing = sub.add_parser("ingest", help="add files (txt, md, html, pdf, jsonl) or a folder to the local index")
     ing.add_argument("path")
@@ -305,6 +313,8 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument("--turns", action="store_true", help="print every turn")
     ses.set_defaults(func=cmd_sessions)
     cli_bank.add_parsers(sub)
+    cli_train.add_parsers(sub)
+    cli_loop.add_parsers(sub)
     return p
 
 
@@ -327,7 +337,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_settings_error(exc)}", file=sys.stderr)
         return 2
     except (InputError, IngestError, SessionNotFound, BankItemNotFound, InvalidInput, ConfigurationError,
-            OutputPathError) as exc:
+            OutputPathError, RegistryError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except CycleLocked as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # command-line values the parser cannot check (e.g. retrain without --now)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
@@ -335,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except LearningError as exc:  # dataset/benchmark problems are bad input; judge failures are run failures
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2 if type(exc).__module__.startswith("learning.eval") else 1
+        bad_input = type(exc).__module__.startswith("learning.eval") or isinstance(exc, ValueError)
+        return 2 if bad_input else 1
     except (AgentError, StoreError, DocIndexError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -55,12 +55,43 @@ def cmd_bank(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reflect(args: argparse.Namespace) -> int:
+    """Write reflections for judged, completed sessions that have none yet (the inference side of the meta-policy)."""
+    import asyncio
+
+    from app.cli import Progress
+    from app.container import build, build_reflection_judge
+    from learning.reflection.writer import reflect_pending
+
+    settings = Settings()
+    progress = Progress()
+    services = build(settings, say=progress.say, progress=progress.bar)
+    judge = build_reflection_judge(settings, say=progress.say)
+
+    async def go() -> object:
+        try:
+            return await reflect_pending(services.log, services.policy, judge, services.bank, limit=args.limit,
+                                         progress=progress.say, candidates=args.candidates,
+                                         threshold=args.threshold, seed=args.seed)
+        finally:
+            await services.policy.aclose()
+            client = getattr(judge, "client", None)
+            if client is not None:
+                await client.aclose()
+
+    summary = asyncio.run(go())
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(summary.reasons.items())) or "none"  # type: ignore[attr-defined]
+    print(f"reflected on {summary.sessions} session(s): {summary.accepted} accepted into the bank, "  # type: ignore[attr-defined]
+          f"{summary.refused} not reflectable, {summary.failed} failed; outcomes: {reasons}")  # type: ignore[attr-defined]
+    return 1 if summary.failed and not summary.stored else 0  # type: ignore[attr-defined]
+
+
 def _progress(done: int, total: int) -> None:
     print(f"  {done:,}/{total:,}", file=sys.stderr, flush=True)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Register `bank` on the main parser."""
+    """Register `bank` and `reflect` on the main parser."""
     bank = sub.add_parser("bank", help="inspect and maintain the rubric bank of reflections")
     acts = bank.add_subparsers(dest="action", required=True)
     lst = acts.add_parser("list", help="newest items first")
@@ -79,3 +110,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     imp.add_argument("path")
     acts.add_parser("dedupe", help="remove near-identical items, keeping the newest")
     bank.set_defaults(func=cmd_bank)
+    ref = sub.add_parser("reflect", help="write reflections for judged sessions into the rubric bank")
+    ref.add_argument("--limit", type=int, help="at most this many sessions")
+    ref.add_argument("--candidates", type=int, default=8, help="reflection candidates m per session (paper: 8)")
+    ref.add_argument("--threshold", type=float, default=0.5, help="minimum reflection score u to enter the bank")
+    ref.add_argument("--seed", type=int, help="sampling seed")
+    ref.set_defaults(func=cmd_reflect)

@@ -6,8 +6,10 @@ deployment never loads torch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from chromadb.api import ClientAPI
@@ -20,6 +22,7 @@ from agent.tools.registry import build_tools
 from app.service import ResearchService
 from app.settings import Settings
 from store.doc_index import DocIndex, open_index_client
+from store.registry import Registry
 from store.rubric_bank import RubricBank
 from store.session_log import SessionLog
 
@@ -52,7 +55,17 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
     if model_dir is None:
         say("Preparing the bundled SmolLM2-135M-Instruct (converted once to safetensors, then cached)...")
         model_dir = ensure_converted(settings.store.model_cache)
-    return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=cfg.embedded_adapter_path)
+    adapter = cfg.embedded_adapter_path
+    version = adapter_version(adapter) if adapter is not None else "base"
+    return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=adapter, version=version)
+
+
+def adapter_version(path: Path) -> str:
+    """The version name a trained adapter carries (rubricem.json, written by training), else its folder name."""
+    try:
+        return str(json.loads((Path(path) / "rubricem.json").read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return Path(path).name
 
 
 def open_index(settings: Settings, client: ClientAPI | None = None) -> DocIndex:
@@ -91,6 +104,7 @@ class Services:
     policy: PolicyClient
     research: ResearchService
     bank: RubricBank
+    registry: Registry
 
 
 def build(settings: Settings | None = None, say: Say = lambda _m: None, progress: Progress | None = None) -> Services:
@@ -104,8 +118,9 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
     bank = open_bank(settings, client)
     ensure_corpus(index, say, progress)
     tools = build_tools(settings.agent, index)
-    research = ResearchService(policy, tools, log, settings.agent, bank)
-    return Services(settings, log, index, tools, policy, research, bank)
+    registry = Registry(log)
+    research = ResearchService(policy, tools, log, settings.agent, bank, live=registry)
+    return Services(settings, log, index, tools, policy, research, bank, registry)
 
 
 def build_judge_client(settings: Settings) -> Any:
@@ -136,3 +151,15 @@ def build_judge(settings: Settings, log: SessionLog, say: Say = lambda _m: None)
     say("No judge endpoint configured (RUBRICEM_LEARNING__JUDGE__BASE_URL): using the offline judge — an "
         "approximate, embedding-similarity estimate, not a real grade.")
     return OfflineJudge(log, embedding_model=settings.store.embedding_model)
+
+
+def build_reflection_judge(settings: Settings, say: Say = lambda _m: None) -> Any:
+    """The LLM reflection judge when a judge endpoint is configured, else the offline (approximate) one."""
+    if settings.learning.judge.base_url:
+        from learning.judge.reflection import ReflectionJudge
+
+        return ReflectionJudge(build_judge_client(settings), trajectory_chars=settings.learning.judge.trajectory_chars)
+    from learning.judge.offline_reflection import OfflineReflectionJudge
+
+    say("No judge endpoint configured: reflections are graded by the offline judge (an approximate heuristic).")
+    return OfflineReflectionJudge(embedding_model=settings.store.embedding_model)

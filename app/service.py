@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from agent.config import AgentConfig, RunOptions
 from agent.deps import AgentDeps
@@ -18,6 +18,7 @@ from agent.errors import AgentError
 from agent.protocols import PolicyClient, ReflectionBank, SearchTool
 from agent.report import Report
 from agent.run import execute, render_prompt, validate_question
+from agent.tools.ids import CallIdFactory
 from app import events as ev
 from store.errors import StoreError
 from store.records import STAGES, Retrieval, ToolCallRecord, Trajectory, Turn
@@ -90,6 +91,14 @@ def _metrics(traj: Trajectory, report: Report, seconds: float) -> dict[str, Any]
     }
 
 
+class LiveVersion(Protocol):
+    """Where the live policy version is read from (store.registry.Registry via `registry_live`)."""
+
+    def current(self) -> tuple[str, str | None]:
+        """(version name, adapter folder or None for the base model)."""
+        ...
+
+
 class ResearchService:
     """Runs research sessions against one policy, one tool set and one session log."""
 
@@ -107,8 +116,38 @@ class ResearchService:
         log: SessionLog,
         config: AgentConfig,
         bank: ReflectionBank | None = None,
+        live: LiveVersion | None = None,
     ) -> None:
         self.policy, self.tools, self.log, self.config, self.bank = policy, dict(tools), log, config, bank
+        self.live = live
+        self._swap_lock = asyncio.Lock()
+
+    async def sync_live(self, sink: EventSink) -> None:
+        """Serve the registry's live version from the next request on (the hot swap's serving side).
+
+        vLLM: send the live adapter's name as `model` (the promoter loaded it on the server). Embedded: load the
+        adapter in-process; a request in progress finishes on the old weights. A failed swap keeps the current
+        version and says so; it never fails the user's run.
+        """
+        if self.live is None:
+            return
+        async with self._swap_lock:
+            try:
+                name, adapter = await asyncio.to_thread(self.live.current)
+                if name == self.policy.policy_version:
+                    return
+                set_model = getattr(self.policy, "set_model", None)
+                if set_model is not None:
+                    set_model(name if adapter else self.config.policy_model)
+                elif adapter is None:
+                    await self.policy.aunload_adapter()  # type: ignore[attr-defined]
+                else:
+                    await self.policy.aload_adapter(adapter, name)  # type: ignore[attr-defined]
+                sink(ev.Note("policy_swapped", {"version": name}))
+            except Exception as exc:  # noqa: BLE001 - keep serving the current version
+                message = f"{type(exc).__name__}: {exc}"
+                _log.warning("could not switch to the live policy version: %s", message)
+                sink(ev.Note("policy_swap_failed", {"error": message}))
 
     async def references(self, question: str, options: RunOptions, sink: EventSink) -> Retrieval:
         """Rubric-bank items for the prompt (none when injection is off or there is no bank).
@@ -118,7 +157,7 @@ class ResearchService:
         if not options.inject_bank or self.bank is None:
             return Retrieval("none")
         try:
-            return await asyncio.to_thread(self.bank.retrieve, question)
+            return await asyncio.to_thread(lambda: self.bank.retrieve(question, mode=options.bank_mode))  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - Chroma down, model missing: research goes on without the bank
             message = f"{type(exc).__name__}: {exc}"
             _log.warning("rubric bank unavailable, running without references: %s", message)
@@ -137,8 +176,10 @@ class ResearchService:
         sink = on_event or (lambda e: None)
         question = validate_question(question, self.config.max_question_chars)
         opts = options or self.config.defaults
-        deps = AgentDeps(policy=self.policy, tools=self.tools, options=opts)
+        # A seeded run also gets reproducible tool-call ids (they are in the token sequence).
+        deps = AgentDeps(policy=self.policy, tools=self.tools, options=opts, call_ids=CallIdFactory(opts.seed))
         started = time.monotonic()
+        await self.sync_live(sink)
         try:
             refs = await self.references(question, opts, sink)
             prompt = await render_prompt(question, deps, refs)

@@ -38,8 +38,33 @@ class JudgeConfig(BaseModel):
     )
 
 
+class RetrainConfig(BaseModel):
+    """The online retraining cycle and its scheduler (env: RUBRICEM_LEARNING__RETRAIN__<FIELD>)."""
+
+    min_new_sessions: int = Field(default=5, ge=1, description="A scheduled cycle runs only with this many new sessions.")
+    interval_minutes: float = Field(default=0.0, ge=0, description="Run the scheduler every N minutes (0 = use cron).")
+    cron: str = Field(default="0 3 * * *", description="Crontab schedule of the scheduler (default 03:00 daily).")
+    steps: int = Field(default=4, ge=1, description="SS-GRPO steps per cycle.")
+    rollouts: int = Field(default=4, ge=2, description="Rollouts per question per step.")
+    batch_questions: int = Field(default=2, ge=1, description="Questions per training step.")
+    lr: float = Field(default=1e-4, gt=0, description="Learning rate of the cycle's LoRA training.")
+    seed_questions: Path | None = Field(default=None, description="Extra training questions (.txt or .jsonl).")
+    probe_questions: Path | None = Field(
+        default=None, description="Fixed probe set for the promotion gate (.txt or .jsonl); default: 4 bundled ones.")
+    probe_samples: int = Field(default=1, ge=1, description="Research runs per probe question and version.")
+    tolerance: float = Field(default=0.02, ge=0, le=1, description="Promote if candidate >= live - tolerance.")
+    eval_judge_model: str = Field(
+        default="", description="Held-out judge model for the gate (LLM judge only; empty = the training model with "
+        "fresh rubrics).")
+    sleep_policy_server: bool = Field(
+        default=False, description="One-GPU mode: put vLLM to sleep while training, wake it after.")
+    unload_grace_s: float = Field(default=60.0, ge=0, description="Seconds before an old adapter is unloaded.")
+    max_token_caps: int = Field(default=96, ge=16, description="Per-stage token cap of training rollouts.")
+
+
 class LearningConfig(BaseModel):
     """Learning settings (env: RUBRICEM_LEARNING__<SECTION>__<FIELD>)."""
 
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     cache_dir: Path | None = Field(default=None, description="Judge cache folder; empty = <data_dir>/judge-cache.")
+    retrain: RetrainConfig = Field(default_factory=RetrainConfig)

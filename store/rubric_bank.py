@@ -273,18 +273,24 @@ class RubricBank:
         if n == 0:
             return []
         vec = _vector(embedding) if embedding is not None else self.embed([question])[0]
-        where = {"question_sha": {"$ne": exclude_sha}} if exclude_sha else None
-        with chroma_errors("search the rubric bank", BankError):
-            res = self._collection.query(
-                query_embeddings=[vec],  # type: ignore[arg-type]
-                n_results=min(k, n),
-                where=where,  # type: ignore[arg-type]
-                include=["documents", "metadatas", "distances"],
-            )
-        ids, docs = res["ids"][0], (res["documents"] or [[]])[0]
-        metas, dists = (res["metadatas"] or [[]])[0], (res["distances"] or [[]])[0]
-        return [BankHit(_item(i, d, m), 1.0 - float(dist)) for i, d, m, dist in zip(ids, docs, metas, dists,
-                                                                                     strict=True)]
+        # The excluded question is filtered here, not with a Chroma `$ne` filter: that turns into an allow-list of
+        # every other id and costs ~250 ms at 100k items, against ~1 ms for a plain top-(k + a few) query.
+        depth = k + 2 if exclude_sha else k
+        while True:
+            with chroma_errors("search the rubric bank", BankError):
+                res = self._collection.query(
+                    query_embeddings=[vec],  # type: ignore[arg-type]
+                    n_results=min(depth, n),
+                    include=["documents", "metadatas", "distances"],
+                )
+            ids, docs = res["ids"][0], (res["documents"] or [[]])[0]
+            metas, dists = (res["metadatas"] or [[]])[0], (res["distances"] or [[]])[0]
+            hits = [BankHit(_item(i, d, m), 1.0 - float(dist))
+                    for i, d, m, dist in zip(ids, docs, metas, dists, strict=True)]
+            kept = [h for h in hits if h.item.question_sha != exclude_sha]
+            if len(kept) >= k or depth >= n:
+                return kept[:k]
+            depth *= 4
 
     def retrieve(
         self,

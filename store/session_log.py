@@ -17,7 +17,7 @@ import time
 import uuid
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -519,6 +519,15 @@ class SessionLog:
                     conn.execute("ROLLBACK")
                 raise
 
+    def transaction(self, write: bool) -> AbstractContextManager[sqlite3.Connection]:
+        """A transaction on this database for stores that share the file (the policy registry): IMMEDIATE when
+        `write`, else DEFERRED; sqlite errors come out as store errors."""
+        return self._transaction("IMMEDIATE" if write else "DEFERRED")
+
+    def now(self) -> str:
+        """The log's clock as an ISO-8601 UTC string."""
+        return _iso(self._clock())
+
     def _now(self) -> str:
         return _iso(self._clock())
 
@@ -722,6 +731,11 @@ class SessionLog:
                 "updated_at = ? WHERE session_id = ?",
                 (final, *values, now, now, session_id),
             )
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._path
 
     def record_judgement(
         self,

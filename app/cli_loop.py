@@ -1,0 +1,123 @@
+"""`rubricem retrain --now`, `versions`, `promote VERSION`, `rollback`, `scheduler`: the online learning loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from app.settings import Settings
+
+
+def cmd_retrain(args: argparse.Namespace) -> int:
+    """Run (or resume) one retraining cycle now."""
+    from app.cli import Progress
+    from app.scheduler import run_cycle
+
+    if not args.now:
+        raise ValueError("retrain runs one cycle immediately: pass --now (use `rubricem scheduler` for periodic runs)")
+    result = asyncio.run(run_cycle(Settings(), trigger="cli", force=True, say=Progress().say))
+    print(f"{result.cycle.cycle_id}: {result.cycle.status} — {result.message}")
+    if result.gate is not None:
+        print(f"  probe score: candidate {result.gate.candidate.total:.4f} vs live {result.gate.live.total:.4f} "
+              f"(tolerance {result.gate.tolerance}, judge {result.gate.judge})")
+    return 0
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    """Policy versions, the live alias, recent alias moves and cycles."""
+    from store.registry import Registry
+    from store.session_log import SessionLog
+
+    reg = Registry(SessionLog(Settings().store.sqlite_path))
+    live = reg.live().name
+    for v in reg.versions():
+        mark = "*" if v.name == live else " "
+        score = (v.eval_report or {}).get("candidate", {}).get("total")
+        print(f"{mark} {v.name:<12} {v.status:<9} parent {v.parent or '-':<10} {v.created_at[:19]}  "
+              f"{'probe ' + format(score, '.4f') if score is not None else '':<13} {v.reason or ''}")
+    print("\nalias moves:")
+    for h in reg.history(limit=args.limit):
+        print(f"  {h.created_at[:19]}  {h.action:<8} {h.previous or '-'} -> {h.version}  {h.reason}")
+    print("\ncycles:")
+    for c in reg.cycles(limit=args.limit):
+        print(f"  {c.started_at[:19]}  {c.cycle_id}  {c.trigger:<9} {c.status:<9} {c.candidate or '-':<10} "
+              f"{c.error or c.numbers.get('reason', '')}")
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    """Make a version live by hand (it is loaded where it is served first)."""
+    from store.registry import Registry
+    from store.session_log import SessionLog
+
+    settings = Settings()
+    reg = Registry(SessionLog(settings.store.sqlite_path))
+    version, old = reg.get(args.version), reg.live()
+    asyncio.run(_activate(settings, version, old))
+    change = reg.promote(version.name, args.reason or "promoted by hand")
+    print(f"live: {change.previous} -> {change.version}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    """Make the previously live version live again."""
+    from store.registry import Registry
+    from store.session_log import SessionLog
+
+    settings = Settings()
+    reg = Registry(SessionLog(settings.store.sqlite_path))
+    change = reg.rollback(args.reason or "rolled back by hand")
+    asyncio.run(_activate(settings, reg.get(change.version), reg.get(change.previous or change.version)))
+    print(f"live: {change.previous} -> {change.version}")
+    return 0
+
+
+async def _activate(settings: Settings, version: object, old: object) -> None:
+    if settings.agent.policy_backend != "vllm":
+        return  # serving processes load the live adapter themselves
+    from app.retrain import RetrainApp
+
+    app = RetrainApp(settings)
+    try:
+        await app.activate(version, old)  # type: ignore[arg-type]
+    finally:
+        await app.aclose()
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    """Run the retraining scheduler in the foreground (Ctrl-C stops it)."""
+    import logging
+
+    from app.scheduler import build_scheduler
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    settings = Settings()
+    cfg = settings.learning.retrain
+    when = f"every {cfg.interval_minutes:g} min" if cfg.interval_minutes > 0 else f"cron '{cfg.cron}' (UTC)"
+    print(f"scheduler: a cycle {when} when at least {cfg.min_new_sessions} new session(s) exist", file=sys.stderr)
+    sched = build_scheduler(settings)
+    try:
+        sched.start()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register the loop commands on the main parser."""
+    rt = sub.add_parser("retrain", help="judge new sessions, train from the live version, gate and promote")
+    rt.add_argument("--now", action="store_true", help="run one cycle now (resumes a crashed one)")
+    rt.set_defaults(func=cmd_retrain)
+    vs = sub.add_parser("versions", help="policy versions, the live alias, alias moves and retraining cycles")
+    vs.add_argument("--limit", type=int, default=10)
+    vs.set_defaults(func=cmd_versions)
+    pr = sub.add_parser("promote", help="make VERSION live")
+    pr.add_argument("version")
+    pr.add_argument("--reason")
+    pr.set_defaults(func=cmd_promote)
+    rb = sub.add_parser("rollback", help="make the previously live version live again")
+    rb.add_argument("--reason")
+    rb.set_defaults(func=cmd_rollback)
+    sc = sub.add_parser("scheduler", help="run retraining cycles on the configured schedule")
+    sc.set_defaults(func=cmd_scheduler)

@@ -1,0 +1,192 @@
+"""Composition of the retraining cycle: which judge trains, which judges the gate, how a version is probed, trained,
+and activated on the configured backend (embedded in-process, or vLLM with runtime LoRA loading)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from agent.config import RunOptions, StageTokenCaps
+from app.container import Say, build_judge, build_policy, ensure_corpus, open_index
+from app.service import ResearchService
+from app.settings import Settings
+from learning.evaluate import Probe
+from learning.pipeline import RetrainParts
+from learning.train_config import load_config
+from store.records import Trajectory
+from store.registry import Cycle, PolicyVersion, Registry
+from store.session_log import SessionLog
+
+_log = logging.getLogger(__name__)
+PROBE_COUNT = 4
+
+
+def probe_questions(settings: Settings) -> list[str]:
+    """The fixed probe set: the configured file, else 4 bundled questions disjoint from the default training pool."""
+    from learning.questions import bundled_questions, load_questions
+
+    path = settings.learning.retrain.probe_questions
+    if path is not None:
+        return load_questions(path)
+    return bundled_questions(PROBE_COUNT, seed=97_531)  # another seed than training's default pool (seed 0)
+
+
+def _held_out_judge(settings: Settings, log: SessionLog) -> Any:
+    """The gate's judge: never the training judge's rubric buffers; another model when configured (LLM judge)."""
+    retrain = settings.learning.retrain
+    if settings.learning.judge.base_url:
+        from learning.judge.llm import LLMJudge
+
+        from app.container import build_judge_client
+
+        model = retrain.eval_judge_model or settings.learning.judge.model
+        gate_settings = settings.model_copy(update={"learning": settings.learning.model_copy(update={
+            "judge": settings.learning.judge.model_copy(update={"model": model})})})
+        gate_log = SessionLog(log.path.with_name("gate-rubrics.sqlite3"))  # fresh rubric buffers, not training's
+        return LLMJudge(build_judge_client(gate_settings), gate_log,
+                        trajectory_chars=settings.learning.judge.trajectory_chars)
+    from learning.judge.offline import OfflineJudge
+
+    return OfflineJudge(None, embedding_model=settings.store.embedding_model)  # the question + checklist only
+
+
+def probe_options(settings: Settings) -> RunOptions:
+    """Probe runs: the app's defaults, greedy, without the bank (the gate measures the policy)."""
+    caps = settings.learning.retrain.max_token_caps
+    return settings.agent.defaults.model_copy(update={
+        "temperature": 0.0, "inject_bank": False, "max_tool_calls": 2,
+        "token_caps": StageTokenCaps(plan=caps, research=caps // 2, review=caps, answer=caps)})
+
+
+class RetrainApp:
+    """Builds RetrainParts for the configured backend and keeps the clients it opened, to close them."""
+
+    def __init__(self, settings: Settings, say: Say = lambda _m: None) -> None:
+        """Open the session log, registry, judges and (lazily) the probe policy."""
+        self.settings, self.say = settings, say
+        self.log = SessionLog(settings.store.sqlite_path)
+        self.registry = Registry(self.log)
+        self.index = open_index(settings)
+        ensure_corpus(self.index, say)
+        self._probe_policy: Any = None
+        self._pending: list[asyncio.Task[None]] = []
+
+    def parts(self) -> RetrainParts:
+        """Everything the cycle needs."""
+        cfg = self.settings.learning.retrain
+        from learning.questions import load_questions
+
+        seed = load_questions(cfg.seed_questions) if cfg.seed_questions else []
+        vllm = self.settings.agent.policy_backend == "vllm"
+        return RetrainParts(
+            log=self.log, registry=self.registry, judge=build_judge(self.settings, self.log, self.say),
+            gate_judge=_held_out_judge(self.settings, self.log), train=self.train, probe_for=self.probe_for,
+            activate=self.activate, adapters_dir=self.settings.store.data_dir / "runs" / "adapters",
+            probe_questions=probe_questions(self.settings), seed_questions=seed,
+            sleep=self._sleep if vllm else None, wake=self._wake if vllm else None)
+
+    async def train(self, cycle: Cycle, questions: list[str], live: PolicyVersion) -> Path:
+        """SS-GRPO from the live adapter on the cycle's questions; returns the final adapter folder."""
+        from app.training import build_trainer
+        from learning.grpo import train
+
+        r = self.settings.learning.retrain
+        run_dir = self.settings.store.data_dir / "runs" / cycle.cycle_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        qfile = run_dir / "questions.jsonl"
+        qfile.write_text("".join(json.dumps({"question": q}) + "\n" for q in questions))
+        caps = r.max_token_caps
+        cfg = load_config(None, None, name=cycle.cycle_id, out_dir=run_dir, questions=qfile, steps=r.steps,
+                          rollouts=r.rollouts, batch_questions=min(r.batch_questions, len(questions)), lr=r.lr,
+                          init_adapter=Path(live.adapter_path) if live.adapter_path else None, plan_tokens=caps,
+                          research_tokens=max(16, caps // 2), review_tokens=caps, answer_tokens=caps,
+                          max_tool_calls=2, reflection_candidates=2, curriculum_window=1)
+        # Training rollouts run on the embedded backend in this process (vLLM may be asleep in one-GPU mode).
+        train_settings = self.settings.model_copy(update={"agent": self.settings.agent.model_copy(update={
+            "policy_backend": "embedded"})})
+        parts, folder = build_trainer(train_settings, cfg, self.say)
+        try:
+            summary = await train(cfg, parts, folder, progress=lambda row: self.say(
+                str(row.get("message") or f"  step {row['step'] + 1}/{cfg.steps}: loss {row['task/loss']:+.4f}")))
+        finally:
+            await parts.policy.aclose()
+        if summary.adapter is None:
+            raise RuntimeError("training produced no adapter")
+        return summary.adapter
+
+    async def probe_for(self, version: PolicyVersion) -> Probe:
+        """A function that researches a probe question with `version` (fresh probe log, no bank)."""
+        if self._probe_policy is None:
+            self._probe_policy = build_policy(self.settings, self.say)
+        policy = self._probe_policy
+        await self._serve(policy, version)
+        from agent.tools.registry import build_tools
+
+        log = SessionLog(self.settings.store.data_dir / "retrain" / "probes.sqlite3")
+        service = ResearchService(policy, build_tools(self.settings.agent, self.index), log, self.settings.agent)
+        options = probe_options(self.settings)
+
+        async def probe(question: str, seed: int) -> Trajectory:
+            out = await service.run(question, options.model_copy(update={"seed": seed}))
+            return out.trajectory
+
+        return probe
+
+    async def _serve(self, policy: Any, version: PolicyVersion) -> None:
+        """Make `policy` answer with `version` (load the adapter in-process, or on the vLLM server)."""
+        if self.settings.agent.policy_backend == "vllm":
+            if version.adapter_path is None:
+                policy.set_model(self.settings.agent.policy_model)
+                return
+            if version.name not in await policy.list_models():
+                await policy.load_lora_adapter(version.name, version.adapter_path)
+            policy.set_model(version.name)
+            return
+        if version.adapter_path is None:
+            await policy.aunload_adapter()
+        else:
+            await policy.aload_adapter(version.adapter_path, version.name)
+
+    async def activate(self, new: PolicyVersion, old: PolicyVersion) -> None:
+        """Make `new` servable before the alias flips. vLLM: load it on the server; adapters older than `old` are
+        unloaded after the grace period (old stays loaded for a rollback). Embedded: serving processes load it."""
+        if self.settings.agent.policy_backend != "vllm":
+            return
+        if self._probe_policy is None:
+            self._probe_policy = build_policy(self.settings, self.say)
+        policy = self._probe_policy
+        if new.name not in await policy.list_models():
+            await policy.load_lora_adapter(new.name, new.adapter_path)
+        keep = {new.name, old.name, self.settings.agent.policy_model}
+        stale = [m for m in await policy.list_models() if m.startswith("policy@") and m not in keep]
+        if stale:
+            self._pending.append(asyncio.create_task(self._unload_later(policy, stale)))
+
+    async def _unload_later(self, policy: Any, names: list[str]) -> None:
+        await asyncio.sleep(self.settings.learning.retrain.unload_grace_s)  # requests in flight finish first
+        for name in names:
+            try:
+                await policy.unload_lora_adapter(name)
+            except Exception as exc:  # noqa: BLE001 - a leftover adapter costs memory, not correctness
+                _log.warning("could not unload %s: %s", name, exc)
+
+    async def _sleep(self) -> None:
+        if self._probe_policy is None:
+            self._probe_policy = build_policy(self.settings, self.say)
+        self.say("one-GPU mode: putting the vLLM server to sleep for training")
+        await self._probe_policy.sleep(level=1)
+
+    async def _wake(self) -> None:
+        self.say("waking the vLLM server")
+        await self._probe_policy.wake_up()
+
+    async def aclose(self) -> None:
+        """Finish pending unloads and close clients."""
+        if self._pending:
+            self.say(f"waiting {self.settings.learning.retrain.unload_grace_s:.0f}s before unloading old adapters")
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        if self._probe_policy is not None:
+            await self._probe_policy.aclose()

@@ -1,0 +1,93 @@
+"""Periodic retraining: APScheduler runs the cycle on a cron or interval from settings, only with enough new
+sessions, never two at once (an exclusive file lock on DATA_DIR/retrain.lock, so also across processes), and every
+run is recorded in the registry's cycles (skips included, with their reason)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from app.container import Say
+from app.settings import Settings
+
+_log = logging.getLogger(__name__)
+
+
+class CycleLocked(RuntimeError):
+    """Another process is running a retraining cycle."""
+
+
+@contextlib.contextmanager
+def cycle_lock(data_dir: Path) -> Iterator[None]:
+    """Hold DATA_DIR/retrain.lock exclusively for one cycle (raises CycleLocked at once if another holds it).
+
+    flock locks belong to the open file: they are released when the holder exits, even if it is killed.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(str(data_dir / "retrain.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise CycleLocked("another retraining cycle is running (DATA_DIR/retrain.lock is held)") from exc
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+async def run_cycle(settings: Settings, *, trigger: str, force: bool, say: Say = lambda _m: None) -> Any:
+    """One locked cycle; a locked-out scheduler run is recorded as skipped."""
+    from app.retrain import RetrainApp
+    from learning.pipeline import retrain
+
+    try:
+        with cycle_lock(settings.store.data_dir):
+            app = RetrainApp(settings, say)
+            try:
+                return await retrain(app.parts(), settings.learning.retrain, trigger=trigger, force=force, say=say)
+            finally:
+                await app.aclose()
+    except CycleLocked as exc:
+        if trigger == "scheduler":
+            from store.registry import Registry
+            from store.session_log import SessionLog
+
+            Registry(SessionLog(settings.store.sqlite_path)).record_skip(trigger, str(exc), {})
+        raise
+
+
+def scheduled_job(settings: Settings) -> None:
+    """The scheduler's job: one cycle (skipped below min_new_sessions); errors are logged, the scheduler goes on."""
+    try:
+        result = asyncio.run(run_cycle(settings, trigger="scheduler", force=False, say=_log.info))
+        _log.info("retraining cycle: %s", result.message)
+    except CycleLocked as exc:
+        _log.info("scheduled cycle skipped: %s", exc)
+    except Exception:  # noqa: BLE001 - a failed cycle is recorded in the registry; the next one runs on schedule
+        _log.exception("scheduled retraining cycle failed")
+
+
+def build_scheduler(settings: Settings, blocking: bool = True) -> Any:
+    """An APScheduler scheduler with the retraining job on the configured cron or interval."""
+    from apscheduler.schedulers.background import BackgroundScheduler
+    from apscheduler.schedulers.blocking import BlockingScheduler
+    from apscheduler.triggers.cron import CronTrigger
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    cfg = settings.learning.retrain
+    trigger = (IntervalTrigger(minutes=cfg.interval_minutes) if cfg.interval_minutes > 0
+               else CronTrigger.from_crontab(cfg.cron, timezone="UTC"))
+    sched = BlockingScheduler(timezone="UTC") if blocking else BackgroundScheduler(timezone="UTC")
+    # max_instances=1 + coalesce: a slow cycle never overlaps the next tick in this process; the file lock
+    # covers other processes.
+    sched.add_job(scheduled_job, trigger, args=[settings], id="retrain", max_instances=1, coalesce=True,
+                  misfire_grace_time=3600)
+    return sched

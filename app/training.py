@@ -1,0 +1,77 @@
+"""Composition of a training run: the run's own session log and bank, the research service that rolls out, the
+judges and the reflection writer, handed to `learning.grpo.train` (which knows nothing about the app)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from app.container import Say, build_judge, build_policy, build_reflection_judge, ensure_corpus, open_index
+from app.service import ResearchService
+from app.settings import Settings
+from learning.grpo import TrainerParts
+from learning.train_config import TrainConfig
+from store.records import Trajectory
+from store.rubric_bank import RubricBank
+from store.session_log import SessionLog
+
+
+def run_dir(settings: Settings, cfg: TrainConfig) -> Path:
+    """The run folder: the config's out_dir, else DATA_DIR/runs/NAME."""
+    return cfg.out_dir or settings.store.data_dir / "runs" / cfg.name
+
+
+def question_pool(cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    """(training questions, held-out questions): the last `heldout_questions` of the pool are held out."""
+    from learning.questions import bundled_questions, load_questions
+
+    pool = load_questions(cfg.questions) if cfg.questions else bundled_questions(cfg.n_questions, cfg.seed)
+    if cfg.heldout_questions >= len(pool) - 1:
+        raise ValueError(f"heldout_questions={cfg.heldout_questions} leaves fewer than 2 training questions")
+    cut = len(pool) - cfg.heldout_questions
+    return pool[:cut], pool[cut:]
+
+
+def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: None) -> tuple[TrainerParts, Path]:
+    """Everything `learning.grpo.train` needs, and the run folder."""
+    from learning.local_policy import ensure_converted
+    from learning.reflection.writer import write_reflection
+
+    folder = run_dir(settings, cfg)
+    folder.mkdir(parents=True, exist_ok=True)
+    if cfg.judge == "offline":
+        settings = settings.model_copy(update={"learning": settings.learning.model_copy(update={
+            "judge": settings.learning.judge.model_copy(update={"base_url": None})})})
+    policy = build_policy(settings, say)
+    log = SessionLog(folder / "rollouts.sqlite3")
+    index = open_index(settings)
+    ensure_corpus(index, say)
+    from agent.tools.registry import build_tools
+
+    tools = build_tools(settings.agent, index)
+    # The run's reflections live in a bank of their own: they reach the app's bank only with a promoted policy.
+    store = settings.store.model_copy(update={"bank": settings.store.bank.model_copy(update={
+        "collection": f"{settings.store.bank.collection}_run_{cfg.name}"})})
+    bank = RubricBank(store)
+    service = ResearchService(policy, tools, log, settings.agent, bank)
+    judge = build_judge(settings, log, say)
+    if cfg.judge == "llm" and judge.kind != "llm":
+        raise ValueError("judge = 'llm' needs RUBRICEM_LEARNING__JUDGE__BASE_URL and __MODEL")
+    reflection_judge = build_reflection_judge(settings, say)
+
+    async def run_session(question: str, options: Any) -> tuple[str, Trajectory]:
+        out = await service.run(question, options)
+        return out.session_id, out.trajectory
+
+    async def reflect(session_id: str, seed: int) -> str | None:
+        outcome = await write_reflection(
+            session_id, log=log, policy=policy, judge=reflection_judge, bank=bank,
+            candidates=cfg.reflection_candidates, threshold=cfg.reflection_threshold,
+            max_tokens=cfg.reflection_tokens, seed=seed)
+        return outcome.batch_id if outcome.candidates else None
+
+    model_dir = cfg.model_dir or settings.agent.embedded_model_path or ensure_converted(settings.store.model_cache)
+    train_q, _held = question_pool(cfg)
+    parts = TrainerParts(policy=policy, run_session=run_session, log=log, judge=judge, model_dir=Path(model_dir),
+                         questions=train_q, reflect=reflect if cfg.reflection else None, bank=bank)
+    return parts, folder

@@ -1,0 +1,378 @@
+"""The SS-GRPO loop (RubricEM, arXiv 2605.10899 §3.3-3.4): stage-structured GRPO for the task policy plus the
+reflection meta-policy on the same backbone.
+
+Objective. For each question, n rollouts run through the real agent graph; the stagewise judge scores each rollout's
+Plan, Research, Review and Answer stages R_{i,k} ∈ [0,1]. Stage returns G_{i,k} = Σ_{j≥k} Λ_{k,j} R_{i,j} (Λ causal,
+upper-triangular) are normalised per stage across the group, A_{i,k} = (G_{i,k} − mean) / (std + ε), and every
+sampled token of stage k gets A_{i,k}. The loss is PPO-clip with a KL3 penalty to the base model, as a token-level
+masked mean (METHOD D5). Vanilla GRPO is the special case of one terminal score broadcast to every token
+(`credit = "answer-only"`): SS-GRPO differs by crediting each stage with its own score plus discounted credit from
+the later stages it enables.
+
+Reflection meta-policy. After a group is judged, one rollout (uniformly at random) is reflected on by the same
+policy (m candidates, scored by the reflection judge); the best valid one enters the rubric bank and all candidates
+are trained on their own tokens one step later (Phase A of the next step: one-step staleness), with group-normalised
+rewards (D9). Rollouts retrieve bank items by the windowed curriculum: fresh batches cross-episode, replayed batches
+within-episode (METHOD §8).
+
+One step, top to bottom:
+  1. Phase A: train on the reflection candidates written during the previous step.
+  2. Roll out n trajectories per question (the policy serves the latest adapter).
+  3. Judge each group; skip groups that cannot be scored (counted).
+  4. Launch this step's reflections (they overlap the update below).
+  5. Phase B: the SS-GRPO update.
+  6. Wait for the reflections, publish the new adapter to the policy (NAME@STEP), log metrics, checkpoint.
+
+Checkpoints (accelerate `save_state`: weights, optimizer, RNG) also hold the run's session log (rollouts, judgements,
+rubric buffers, reflection candidates), the run's bank and the step, so a crash resumes at the next step exactly.
+Under `accelerate launch` every process takes its share of each step's questions; gradients are synchronised by the
+configured engine (DeepSpeed ZeRO-3 or FSDP configs in learning/accelerate/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from agent.config import RunOptions, StageTokenCaps
+from agent.protocols import PolicyClient
+from learning.advantages import credit_lambda, credit_scores, group_advantages, stage_advantages, token_advantages
+from learning.checkpoint import CheckpointError, latest_checkpoint, prune_checkpoints, save_checkpoint
+from learning.curriculum import StepBatch, step_batch
+from learning.errors import LearningError
+from learning.judge.types import Judgement, TrajectoryJudge
+from learning.model import LoraSettings, load_trainable, save_adapter, trainable_parameters
+from learning.sequences import TrainSequence, trajectory_stages_and_mask
+from learning.train_config import TrainConfig
+from learning.update import UpdateStats, policy_update
+from store.records import STAGES, Trajectory
+from store.rubric_bank import RubricBank
+from store.session_log import SessionLog
+
+RunSession = Callable[[str, RunOptions], Awaitable[tuple[str, Trajectory]]]
+"""Runs one research session (writing it to the run's session log) and returns (session id, trajectory)."""
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+class TrainingError(LearningError):
+    """The training run cannot start or continue (the message says why and what to do)."""
+
+
+class Reflector(Protocol):
+    """Writes reflections for a judged session (learning.reflection.writer.write_reflection bound to its parts)."""
+
+    async def __call__(self, session_id: str, seed: int) -> str | None:
+        """The stored candidate batch id, or None when nothing was stored."""
+        ...
+
+
+@dataclass
+class TrainerParts:
+    """What the loop uses, built by the app's composition root."""
+
+    policy: PolicyClient  # rollouts and reflection sampling; must support `aload_adapter(path, version)`
+    run_session: RunSession
+    log: SessionLog  # the run's own session log
+    judge: TrajectoryJudge
+    model_dir: Path
+    questions: list[str]
+    reflect: Reflector | None = None
+    bank: RubricBank | None = None  # the run's own bank collection
+
+
+@dataclass
+class Group:
+    """The judged rollouts of one question."""
+
+    question: str
+    session_ids: list[str]
+    trajectories: list[Trajectory]
+    scores: torch.Tensor  # (n, K)
+
+
+@dataclass
+class TrainSummary:
+    """What `train` did."""
+
+    run_dir: Path
+    steps_done: int
+    resumed_from: int | None
+    adapter: Path | None
+    version: str | None
+    metrics_path: Path
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def rollout_seed(seed: int, step: int, question: int, rollout: int) -> int:
+    """A deterministic sampling seed per rollout (resumed runs sample exactly what the crashed run would have)."""
+    return (seed * 1_000_003 + step * 10_007 + question * 101 + rollout) % (2**31 - 1)
+
+
+def run_options(cfg: TrainConfig, seed: int, mode: str) -> RunOptions:
+    """Research options of a rollout: the run's budgets and temperature, bank retrieval per the curriculum."""
+    return RunOptions(
+        format=cfg.format, max_tool_calls=cfg.max_tool_calls, temperature=cfg.temperature, seed=seed,
+        wall_clock_s=3600, context_tokens=cfg.context_tokens, inject_bank=mode != "none",
+        bank_mode="auto" if mode == "none" else mode,  # type: ignore[arg-type]
+        token_caps=StageTokenCaps(plan=cfg.plan_tokens, research=cfg.research_tokens, review=cfg.review_tokens,
+                                  answer=cfg.answer_tokens),
+    )
+
+
+def score_matrix(judgements: Sequence[Judgement]) -> tuple[torch.Tensor, list[int], dict[str, int]]:
+    """Stage scores (n_kept, K) of the usable judgements, their positions, and counts of what was dropped.
+
+    A stage the judge could not score falls back to the Answer score (the paper's fallback, METHOD §5.2 C.4); a
+    rollout without an Answer score is dropped. Absent stages arrive as R = 0 from the judge (D7).
+    """
+    rows: list[list[float]] = []
+    kept: list[int] = []
+    counts = {"no_answer_score": 0, "stage_fallbacks": 0}
+    for i, j in enumerate(judgements):
+        scores = j.stage_scores()
+        answer = scores.get("answer")
+        if answer is None or not math.isfinite(answer):
+            counts["no_answer_score"] += 1
+            continue
+        row = []
+        for s in STAGES:
+            v = scores.get(s)
+            if v is None or not math.isfinite(v):
+                counts["stage_fallbacks"] += 1
+                v = answer
+            row.append(float(v))
+        rows.append(row)
+        kept.append(i)
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(STAGES)), kept, counts
+
+
+def task_sequences(group: Group, lam: torch.Tensor, credit: str) -> tuple[list[TrainSequence], torch.Tensor, int]:
+    """Training sequences of a judged group, the (n, K) stage advantages, and how many rollouts had NaN logprobs."""
+    adv = stage_advantages(credit_scores(group.scores, credit), lam)  # (n, K)
+    seqs: list[TrainSequence] = []
+    bad = 0
+    for traj, a in zip(group.trajectories, adv, strict=True):
+        stages, mask, sampled = trajectory_stages_and_mask(traj)
+        if any(m and not math.isfinite(lp) and lp == lp for m, lp in zip(mask, sampled, strict=True)) or any(
+                m and lp != lp and _has_logprobs(traj) for m, lp in zip(mask, sampled, strict=True)):
+            bad += 1  # a sampler reported NaN/inf log-probs for sampled tokens: never train on that rollout
+            continue
+        tok_adv = token_advantages(torch.tensor(stages, dtype=torch.long), a)  # (T,)
+        seqs.append(TrainSequence(traj.prompt.token_ids, traj.token_ids, mask, stages,
+                                  tuple(float(x) for x in tok_adv), sampled, "task"))
+    return seqs, adv, bad
+
+
+def _has_logprobs(traj: Trajectory) -> bool:
+    return any(t.logprobs for t in traj.turns if t.kind == "sampled")
+
+
+def reflection_sequences(log: SessionLog, batch_ids: Sequence[str]) -> tuple[list[TrainSequence], dict[str, float]]:
+    """Sequences of stored reflection candidates with group-normalised rewards (D9), reflection tokens only.
+
+    Reward: the judge's u; an invalid candidate (not in the two-block format) gets 0, so the format is learned; a
+    valid candidate the judge failed to score is left out of the normalisation (advantage 0).
+    """
+    seqs: list[TrainSequence] = []
+    rewards_all: list[float] = []
+    for batch_id in batch_ids:
+        rows = log.reflection_candidates(batch_id=batch_id)
+        rewards = [0.0 if not r.candidate.valid else (float("nan") if r.candidate.u is None else r.candidate.u)
+                   for r in rows]
+        adv = group_advantages(torch.tensor(rewards, dtype=torch.float32))  # (m,)
+        for r, a in zip(rows, adv, strict=True):
+            c = r.candidate
+            n = len(c.token_ids)
+            trainable = 1 if c.token_source != "retokenized" else 0
+            lps = c.logprobs if len(c.logprobs) == n else tuple([float("nan")] * n)
+            seqs.append(TrainSequence(r.prompt.token_ids, c.token_ids, (trainable,) * n, (0,) * n,
+                                      (float(a) * trainable,) * n, lps, "reflection"))
+        rewards_all += [x for x in rewards if x == x]
+    mean_u = sum(rewards_all) / len(rewards_all) if rewards_all else float("nan")
+    return seqs, {"reflection/candidates": float(len(seqs)), "reflection/mean_reward": mean_u}
+
+
+async def collect_group(parts: TrainerParts, cfg: TrainConfig, sb: StepBatch, qi: int, counts: dict[str, int]
+                        ) -> Group | None:
+    """Roll out and judge one question; None (counted) when the group cannot train."""
+    question = parts.questions[sb.indices[qi]]
+    sids: list[str] = []
+    trajs: list[Trajectory] = []
+    for i in range(cfg.rollouts):
+        try:
+            sid, traj = await parts.run_session(question, run_options(cfg, rollout_seed(cfg.seed, sb.step, qi, i),
+                                                                      sb.mode))
+        except Exception:  # noqa: BLE001 - a failed rollout is recorded as failed in the log; the group goes on
+            counts["rollouts_failed"] += 1
+            continue
+        sids.append(sid)
+        trajs.append(traj)
+        counts["malformed"] += int(traj.malformed or "answer" not in traj.stages_present)
+    if len(trajs) < 2:
+        counts["groups_skipped_rollouts"] += 1
+        return None
+    try:
+        judgements = await parts.judge.judge_group(question, trajs)
+    except Exception:  # noqa: BLE001 - an unavailable judge skips the group, it never stops the run
+        counts["groups_skipped_judge"] += 1
+        return None
+    for sid, j in zip(sids, judgements, strict=True):
+        parts.log.record_judgement(sid, j.judge_model, j.model_dump(mode="json"), judge_kind=j.judge_kind,
+                                   rubric_version=j.rubric_version)
+    scores, kept, dropped = score_matrix(judgements)
+    counts["rollouts_unscored"] += dropped["no_answer_score"]
+    counts["stage_fallbacks"] += dropped["stage_fallbacks"]
+    if len(kept) < 2:
+        counts["groups_skipped_scores"] += 1
+        return None
+    return Group(question, [sids[k] for k in kept], [trajs[k] for k in kept], scores)
+
+
+def _step_metrics(step: int, groups: Sequence[Group], counts: dict[str, int], task: UpdateStats,
+                  refl: UpdateStats | None, refl_info: dict[str, float], seconds: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"step": step, "seconds": round(seconds, 2), "groups": len(groups)} | counts
+    if groups:
+        all_scores = torch.cat([g.scores for g in groups])  # (N, K)
+        for k, s in enumerate(STAGES):
+            out[f"reward/{s}"] = round(float(all_scores[:, k].mean()), 4)
+    out |= task.as_dict("task")
+    if refl is not None:
+        out |= refl.as_dict("reflection") | refl_info
+    out["tokens_per_second"] = round((task.tokens + (refl.tokens if refl else 0)) / max(
+        task.seconds + (refl.seconds if refl else 0), 1e-9), 1)
+    return out
+
+
+async def publish(parts: TrainerParts, model: Any, run_dir: Path, name: str, step: int) -> tuple[Path, str]:
+    """Save the adapter as NAME@STEP and make the rollout policy serve it."""
+    version = f"{name}@{step}"
+    path = save_adapter(model, run_dir / "adapters" / version, meta={"version": version, "step": step})
+    await parts.policy.aload_adapter(path, version)  # type: ignore[attr-defined]
+    return path, version
+
+
+async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: Progress | None = None
+                ) -> TrainSummary:
+    """Run (or resume) SS-GRPO training in `run_dir`. See the module docstring."""
+    from accelerate import Accelerator
+
+    if not hasattr(parts.policy, "aload_adapter"):
+        raise TrainingError("the rollout policy cannot load adapters; use the embedded backend or vLLM")
+    if cfg.full_finetune:
+        raise TrainingError("full fine-tuning cannot be published to the rollout policy in this version; use LoRA")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = run_dir / "metrics.jsonl"
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    lora = LoraSettings(r=cfg.lora_r, alpha=cfg.lora_alpha)
+    model, tokenizer = load_trainable(parts.model_dir, lora=lora, dtype=cfg.dtype, adapter=cfg.init_adapter,
+                                      gradient_checkpointing=cfg.gradient_checkpointing, seed=cfg.seed)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=0.0)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    lam = credit_lambda(cfg.credit)
+    start, deferred, resumed = 0, [], None
+    ckpt = latest_checkpoint(run_dir / "checkpoints", on_skip=lambda m: _say(progress, m))
+    if ckpt is not None:
+        state = ckpt.restore(accelerator, parts.log, parts.bank)
+        start, deferred, resumed = state["step"] + 1, list(state.get("deferred", [])), state["step"]
+        _say(progress, f"resumed from checkpoint step {state['step']}")
+    elif any((run_dir / "checkpoints").glob("step-*")):
+        raise TrainingError(f"{run_dir}/checkpoints holds no usable checkpoint; delete it to start afresh")
+    adapter, version = await publish(parts, accelerator.unwrap_model(model), run_dir, cfg.name, start)
+    history: list[dict[str, Any]] = []
+    board = _tensorboard(run_dir) if accelerator.is_main_process else None
+    for step in range(start, cfg.steps):
+        began = time.perf_counter()
+        sb = step_batch(step, pool=len(parts.questions), batch_size=cfg.batch_questions,
+                        window=cfg.curriculum_window if cfg.reflection and parts.bank is not None else 0,
+                        seed=cfg.seed, use_bank=cfg.reflection and parts.bank is not None)
+        counts = dict.fromkeys(("rollouts_failed", "rollouts_unscored", "malformed", "stage_fallbacks",
+                                "groups_skipped_rollouts", "groups_skipped_judge", "groups_skipped_scores",
+                                "nan_logprob_rollouts"), 0)
+        # Phase A: the reflection candidates written during the previous step (one-step staleness).
+        refl_stats, refl_info = None, {}
+        if deferred:
+            refl_seqs, refl_info = reflection_sequences(parts.log, deferred)
+            refl_stats = await asyncio.to_thread(_update, model, optimizer, refl_seqs, tokenizer, cfg, accelerator,
+                                                 0.7)
+        mine = range(accelerator.process_index, len(sb.indices), accelerator.num_processes)
+        groups = [g for qi in mine if (g := await collect_group(parts, cfg, sb, qi, counts)) is not None]
+        seqs: list[TrainSequence] = []
+        for g in groups:
+            s, _adv, bad = task_sequences(g, lam, cfg.credit)
+            seqs += s
+            counts["nan_logprob_rollouts"] += bad
+        reflections = asyncio.create_task(_reflect(parts, cfg, step, groups)) if cfg.reflection else None
+        # Phase B: the SS-GRPO update (in a worker thread, so reflection sampling proceeds meanwhile).
+        task_stats = await asyncio.to_thread(_update, model, optimizer, seqs, tokenizer, cfg, accelerator,
+                                             cfg.temperature)
+        deferred = await reflections if reflections is not None else []
+        adapter, version = await publish(parts, accelerator.unwrap_model(model), run_dir, cfg.name, step + 1)
+        row = _step_metrics(step, groups, counts, task_stats, refl_stats, refl_info, time.perf_counter() - began)
+        row |= {"mode": sb.mode, "replay": sb.replay, "version": version, "reflection_batches": len(deferred)}
+        if accelerator.is_main_process:
+            with metrics_path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+            if board is not None:
+                for key, value in row.items():
+                    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                        board.add_scalar(key, value, step + 1)
+        history.append(row)
+        if progress is not None:
+            progress(row)
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            save_checkpoint(run_dir / "checkpoints", step, accelerator, parts.log, parts.bank,
+                            {"step": step, "deferred": deferred, "version": version})
+            prune_checkpoints(run_dir / "checkpoints", cfg.keep_checkpoints)
+    return TrainSummary(run_dir, cfg.steps - start, resumed, adapter, version, metrics_path, history)
+
+
+def _update(model: Any, optimizer: Any, seqs: list[TrainSequence], tokenizer: Any, cfg: TrainConfig,
+            accelerator: Any, temperature: float) -> UpdateStats:
+    return policy_update(model, optimizer, seqs, pad_id=int(tokenizer.pad_token_id), clip=cfg.clip, beta=cfg.beta,
+                         token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, temperature=temperature,
+                         backward=accelerator.backward)
+
+
+async def _reflect(parts: TrainerParts, cfg: TrainConfig, step: int, groups: Sequence[Group]) -> list[str]:
+    """One reflection batch per group, on a rollout chosen uniformly at random (METHOD §6.2)."""
+    if parts.reflect is None:
+        return []
+    out: list[str] = []
+    for qi, g in enumerate(groups):
+        rng = random.Random(rollout_seed(cfg.seed, step, qi, 9_999))
+        sid = g.session_ids[rng.randrange(len(g.session_ids))]
+        try:
+            batch = await parts.reflect(sid, rollout_seed(cfg.seed, step, qi, 7_777))
+        except Exception:  # noqa: BLE001 - a failed reflection costs its training signal, never the run
+            continue
+        if batch is not None:
+            out.append(batch)
+    return out
+
+
+def _tensorboard(run_dir: Path) -> Any:
+    """A TensorBoard writer under run_dir/tensorboard when the tensorboard package is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+
+def _say(progress: Progress | None, message: str) -> None:
+    if progress is not None:
+        progress({"message": message})
+
+
+__all__ = ["CheckpointError", "Group", "TrainSummary", "TrainerParts", "TrainingError", "score_matrix",
+           "task_sequences", "train"]

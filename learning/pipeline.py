@@ -1,0 +1,165 @@
+"""The retraining cycle: logged sessions → judge → SS-GRPO from the live version → candidate → gate → promote or
+reject, every stage recorded in the registry so a crash resumes where it stopped.
+
+Stages (the cycle row's `stage` after each): start → judged → trained → registered → evaluated → done.
+- judged: completed, non-opted-out sessions of the cycle's window are judged (failures are recorded per session).
+- trained: SS-GRPO + reflection steps from the live adapter on the window's questions (plus the seed set); the run
+  folder is named after the cycle, so a crashed training resumes from its own checkpoint.
+- registered: the adapter is copied atomically into the adapters folder and registered as `policy@N` (candidate).
+- evaluated: non-finite weights are rejected outright; otherwise candidate and live answer the probe set and the
+  held-out judge decides (learning/evaluate.py).
+- done: promoted (the activation hook loads it where it is served, then the live alias flips) or rejected with a
+  reason. The live alias only ever moves in one SQLite transaction, after the adapter is complete and loaded.
+An exception marks the cycle failed (live untouched); a killed process leaves it running, and the next call resumes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from learning.config import RetrainConfig
+from learning.evaluate import GateReport, Probe, adapter_problem, decide, score_version
+from learning.judge.pipeline import judge_pending
+from learning.judge.types import TrajectoryJudge
+from store.registry import Cycle, PolicyVersion, Registry
+from store.session_log import SessionLog
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class RetrainParts:
+    """What a cycle uses, built by the app."""
+
+    log: SessionLog
+    registry: Registry
+    judge: TrajectoryJudge  # the training judge (stored judgements of user sessions)
+    gate_judge: TrajectoryJudge  # the held-out judge configuration
+    train: Callable[[Cycle, list[str], PolicyVersion], Awaitable[Path]]  # → the trained adapter folder
+    probe_for: Callable[[PolicyVersion], Awaitable[Probe]]  # a probe function answering with that version
+    activate: Callable[[PolicyVersion, PolicyVersion], Awaitable[None]]  # (new, old): serve new; old stays for rollback
+    adapters_dir: Path
+    probe_questions: list[str]
+    seed_questions: list[str]
+    sleep: Callable[[], Awaitable[None]] | None = None  # one-GPU mode: free the GPU for training
+    wake: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    """How a cycle ended."""
+
+    cycle: Cycle
+    candidate: str | None
+    gate: GateReport | None
+    message: str
+
+
+async def retrain(parts: RetrainParts, cfg: RetrainConfig, *, trigger: str = "cli", force: bool = True,
+                  say: Say = lambda _m: None) -> CycleResult:
+    """Run (or resume) one cycle; `force=False` (the scheduler) skips it below `min_new_sessions` new sessions."""
+    reg = parts.registry
+    cycle = reg.running_cycle()
+    if cycle is not None:
+        say(f"resuming {cycle.cycle_id} after stage {cycle.stage}")
+    else:
+        cycle = reg.start_cycle(trigger, parts.log.now())
+    try:
+        return await _run(parts, cfg, cycle, force, say)
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            reg.finish_cycle(cycle.cycle_id, "failed", error=f"{type(exc).__name__}: {exc}")
+        raise  # KeyboardInterrupt and kills leave the cycle running: the next call resumes it
+
+
+async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: bool, say: Say) -> CycleResult:
+    reg = parts.registry
+    sessions = reg.sessions_in_window(cycle.window_start, cycle.window_end)
+    if cycle.stage == "start":
+        if not force and len(sessions) < cfg.min_new_sessions:
+            done = reg.finish_cycle(cycle.cycle_id, "skipped", numbers={"new_sessions": len(sessions)},
+                                    error=f"{len(sessions)} new session(s) < min_new_sessions {cfg.min_new_sessions}")
+            return CycleResult(done, None, None, done.error or "skipped")
+        judged = await judge_pending(parts.log, parts.judge, progress=say)
+        cycle = reg.advance_cycle(cycle.cycle_id, "judged", numbers={
+            "new_sessions": len(sessions), "judged": judged.judged, "judge_failures": judged.failed})
+    live = reg.live()
+    if cycle.stage == "judged":
+        questions = _questions(parts.log, sessions, parts.seed_questions)
+        if len(questions) < 2:
+            done = reg.finish_cycle(cycle.cycle_id, "skipped", error=f"only {len(questions)} distinct question(s)")
+            return CycleResult(done, None, None, done.error or "skipped")
+        say(f"training from {live.name} on {len(questions)} question(s)")
+        if cfg.sleep_policy_server and parts.sleep is not None:
+            await parts.sleep()  # one GPU: the server's weights and KV cache leave GPU memory while we train
+        try:
+            adapter = await parts.train(cycle, questions, live)
+        finally:
+            if cfg.sleep_policy_server and parts.wake is not None:
+                await parts.wake()
+        cycle = reg.advance_cycle(cycle.cycle_id, "trained", numbers={"questions": len(questions),
+                                                                       "trained_adapter": str(adapter)})
+    if cycle.stage == "trained":
+        staged = _stage_adapter(Path(cycle.numbers["trained_adapter"]), parts.adapters_dir, cycle.cycle_id)
+        version = reg.register(staged, parent=live.name, training_run=cycle.cycle_id,
+                               data_window={"start": cycle.window_start, "end": cycle.window_end,
+                                            "sessions": len(sessions)})
+        cycle = reg.advance_cycle(cycle.cycle_id, "registered", candidate=version.name)
+        say(f"registered {version.name}")
+    assert cycle.candidate is not None
+    candidate = reg.get(cycle.candidate)
+    problem = adapter_problem(Path(candidate.adapter_path or ""))
+    if problem is not None:
+        reg.reject(candidate.name, problem)
+        done = reg.finish_cycle(cycle.cycle_id, "rejected", numbers={"reason": problem})
+        return CycleResult(done, candidate.name, None, f"{candidate.name} rejected: {problem}")
+    gate = await _gate(parts, cfg, candidate, live)
+    reg.set_eval_report(candidate.name, gate.as_dict())
+    cycle = reg.advance_cycle(cycle.cycle_id, "evaluated", numbers={
+        "candidate_score": gate.candidate.total, "live_score": gate.live.total})
+    if not gate.promote:
+        reg.reject(candidate.name, gate.reason)
+        done = reg.finish_cycle(cycle.cycle_id, "rejected", numbers={"reason": gate.reason})
+        return CycleResult(done, candidate.name, gate, f"{candidate.name} rejected: {gate.reason}")
+    await parts.activate(candidate, live)
+    reg.promote(candidate.name, gate.reason)
+    done = reg.finish_cycle(cycle.cycle_id, "promoted", numbers={"reason": gate.reason})
+    return CycleResult(done, candidate.name, gate, f"{candidate.name} promoted: {gate.reason}")
+
+
+async def _gate(parts: RetrainParts, cfg: RetrainConfig, candidate: PolicyVersion, live: PolicyVersion) -> GateReport:
+    seed = 20_261_123
+    scores = []
+    for version in (candidate, live):
+        probe = await parts.probe_for(version)
+        scores.append(await score_version(version.name, probe, parts.gate_judge, parts.probe_questions,
+                                          cfg.probe_samples, seed))
+    return decide(scores[0], scores[1], cfg.tolerance, parts.gate_judge.model or parts.gate_judge.kind)
+
+
+def _questions(log: SessionLog, sessions: Sequence[str], seed: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for sid in sessions:
+        q = log.get(sid).question
+        if q not in out:
+            out.append(q)
+    return out + [q for q in seed if q not in out]
+
+
+def _stage_adapter(trained: Path, adapters_dir: Path, cycle_id: str) -> Path:
+    """Copy the trained adapter into the adapters folder under the cycle's name, atomically (idempotent)."""
+    final = adapters_dir / cycle_id
+    if (final / "adapter_config.json").is_file():
+        return final
+    tmp = adapters_dir / f".{cycle_id}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    adapters_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(trained, tmp)
+    tmp.rename(final)
+    return final
+
+
+__all__ = ["CycleResult", "RetrainParts", "retrain"]
