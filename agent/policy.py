@@ -11,8 +11,9 @@ import logging
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Self
+from collections.abc import Collection, Mapping, Sequence
+from os import PathLike, fspath
+from typing import TYPE_CHECKING, Any, NoReturn, Self
 
 import httpx
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VLLM_MAX_STOP_STRINGS = 4  # vLLM's VLLM_MAX_STOP_STRINGS default; more gets a 400
+VLLM_RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # without it vLLM has no load/unload adapter routes
+SLEEP_MODES = ("wait", "abort", "keep")  # what vLLM's /sleep does with running requests
 SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 # Phrases servers use when the prompt does not fit (vLLM 400 messages, llama-cpp-python's "context_length_exceeded").
@@ -159,34 +162,54 @@ class _HTTPPolicyBase:
 
     async def _post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST JSON with retries on 429, 5xx, connection errors and timeouts; return the decoded JSON object."""
+        return self._decode(path, await self._send("POST", path, body=body))
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+        retries: int | None = None,
+        passthrough: Collection[int] = (),
+    ) -> httpx.Response:
+        """Send one request with retries on 429, 5xx, connection errors and timeouts; return the < 400 response.
+
+        `retries` overrides the client's retry count (0 for requests that must not be repeated blindly); a status in
+        `passthrough` is returned to the caller, which reads its body, instead of being mapped to an error.
+        """
         if self._closed:
             raise PolicyUnavailable("the policy client is closed")
+        max_retries = self._max_retries if retries is None else retries
         last: PolicyError | None = None
-        for attempt in range(self._max_retries + 1):
+        for attempt in range(max_retries + 1):
             retry_after: float | None = None
             started = time.monotonic()
             try:
-                resp = await self._http.post(path, json=body)
+                resp = await self._http.request(method, path, json=body, params=params)
             except httpx.TimeoutException as exc:
-                last = PolicyTimeout(f"POST {path}: no answer within the timeout ({type(exc).__name__})")
+                last = PolicyTimeout(f"{method} {path}: no answer within the timeout ({type(exc).__name__})")
             except httpx.TransportError as exc:
-                last = PolicyUnavailable(f"POST {path}: cannot reach the policy server ({type(exc).__name__}: {exc})")
+                last = PolicyUnavailable(
+                    f"{method} {path}: cannot reach the policy server ({type(exc).__name__}: {exc})"
+                )
             else:
                 status = resp.status_code
-                log.debug("POST %s -> %d in %.2fs", path, status, time.monotonic() - started)
-                if status < 400:
-                    return self._decode(path, resp)
+                log.debug("%s %s -> %d in %.2fs", method, path, status, time.monotonic() - started)
+                if status < 400 or status in passthrough:
+                    return resp
                 message, code = _error_details(resp)
                 if status == 429:
-                    last = PolicyRateLimited(f"POST {path}: rate limited (429): {message}")
+                    last = PolicyRateLimited(f"{method} {path}: rate limited (429): {message}")
                     retry_after = retry_after_seconds(resp.headers.get("retry-after"))
                 elif status >= 500:
-                    last = PolicyUnavailable(f"POST {path}: server error {status}: {message}")
+                    last = PolicyUnavailable(f"{method} {path}: server error {status}: {message}")
                 elif _CONTEXT_PATTERNS.search(message) or code == "context_length_exceeded":
-                    raise ContextTooLong(f"POST {path}: {message}")
+                    raise ContextTooLong(f"{method} {path}: {message}")
                 else:
-                    raise PolicyRequestError(f"POST {path}: {status}: {message}", status_code=status)
-            if attempt < self._max_retries:
+                    raise PolicyRequestError(f"{method} {path}: {status}: {message}", status_code=status)
+            if attempt < max_retries:
                 delay = self._delay(attempt, retry_after)
                 log.warning("policy request %s failed (%s); retry %d in %.2fs", path, last, attempt + 1, delay)
                 await asyncio.sleep(delay)
@@ -255,6 +278,11 @@ class VLLMPolicyClient(_HTTPPolicyBase):
 
     Logprobs are vLLM's defaults: raw (before temperature) unless the server runs with
     `--logprobs-mode processed_logprobs`.
+
+    Hot swap (API_FACTS.md §4, §5): `aload_adapter(path, version)` loads a LoRA adapter at run time and sends
+    `version` as `model` from then on; each request keeps (and its `Generation.policy_version` records) the alias it
+    was sent with, so requests in flight finish on the version they started with. `unload_lora_adapter`,
+    `list_models`, `sleep`, `wake_up` and `is_sleeping` wrap the other management routes.
     """
 
     def __init__(
@@ -411,6 +439,205 @@ class VLLMPolicyClient(_HTTPPolicyBase):
         if isinstance(max_len, int) and max_len > 0:
             self._max_model_len = max_len
         return tuple(int(t) for t in tokens)
+
+    # -- runtime LoRA adapters and sleep mode (API_FACTS.md §4, §5) --------------------------------------------------
+
+    async def list_models(self) -> list[str]:
+        """The names the server answers to (`GET /v1/models`): the base model first, then each loaded LoRA adapter.
+
+        Raises:
+            PolicyUnavailable, PolicyTimeout: the server is unreachable or answered something unreadable.
+        """
+        return [str(card["id"]) for card in await self._model_cards()]
+
+    async def load_lora_adapter(self, name: str, path: str | PathLike[str], *, load_inplace: bool = False) -> None:
+        """Load the LoRA adapter folder `path` (as the server sees it) under `name` (`POST /v1/load_lora_adapter`).
+
+        Requests that send `name` as `model` are then served by it. The call is not retried: a repeat after a lost
+        answer would get "already loaded" (`aload_adapter` treats that case as success).
+
+        Raises:
+            ValueError: an empty name or path.
+            PolicyRequestError: the server cannot update adapters at run time (404; the message names
+                VLLM_ALLOW_RUNTIME_LORA_UPDATING), no adapter at `path` (404), `name` already loaded without
+                `load_inplace` or missing fields (400).
+            PolicyUnavailable: the engine failed to load it (500: a server without --enable-lora, an adapter rank
+                above --max-lora-rank, ...) or the server is unreachable.
+        """
+        lora_path = fspath(path)
+        if not name or not lora_path:
+            raise ValueError("load_lora_adapter needs a non-empty adapter name and path")
+        body = {"lora_name": name, "lora_path": lora_path, "load_inplace": bool(load_inplace)}
+        resp = await self._lora_request("/v1/load_lora_adapter", body)
+        if resp.status_code >= 500:
+            message, _ = _error_details(resp)
+            raise PolicyUnavailable(
+                f"POST /v1/load_lora_adapter: vLLM could not load adapter {name!r} from {lora_path}: {message} "
+                "(a server started without --enable-lora, or an adapter rank above --max-lora-rank, fails this way)"
+            )
+        log.info("vLLM loaded LoRA adapter %s from %s", name, lora_path)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Remove the adapter `name` from the server (`POST /v1/unload_lora_adapter`); not retried.
+
+        Requests already running on it finish on it; later requests naming it get 404. Unload a version only once
+        no client sends it any more (the promoter waits a grace period after flipping the live alias).
+
+        Raises:
+            ValueError: an empty name.
+            PolicyRequestError: runtime updating disabled (404, names VLLM_ALLOW_RUNTIME_LORA_UPDATING), or no
+                adapter of that name is loaded (404).
+            PolicyUnavailable: an engine failure (500) or the server is unreachable.
+        """
+        if not name:
+            raise ValueError("unload_lora_adapter needs a non-empty adapter name")
+        resp = await self._lora_request("/v1/unload_lora_adapter", {"lora_name": name})
+        if resp.status_code >= 500:
+            message, _ = _error_details(resp)
+            raise PolicyUnavailable(f"POST /v1/unload_lora_adapter: vLLM could not unload {name!r}: {message}")
+        log.info("vLLM unloaded LoRA adapter %s", name)
+
+    async def aload_adapter(self, path: str | PathLike[str], version: str) -> None:
+        """Publish a new policy version: load the adapter at `path` as `version`, then send `version` from now on.
+
+        Requests in flight keep the version they were sent with. Loading a version that is already loaded from the
+        same folder (a repeated publish) is not an error.
+
+        Raises:
+            As `load_lora_adapter`; on any failure the client keeps sending the previous version.
+        """
+        try:
+            await self.load_lora_adapter(version, path)
+        except PolicyRequestError as exc:
+            if exc.status_code != 400 or not await self._serves(version, fspath(path)):
+                raise
+            log.info("LoRA adapter %s was already loaded from %s", version, fspath(path))
+        self.set_model(version)
+
+    async def aunload_adapter(self) -> None:
+        """Go back to the base model: send the adapter's parent from now on, then unload the adapter.
+
+        A no-op when the client already sends a base model (or a name the server does not list). An adapter that
+        someone else unloaded meanwhile is not an error.
+
+        Raises:
+            PolicyRequestError, PolicyUnavailable, PolicyTimeout: as `unload_lora_adapter`; the client then keeps
+                sending the adapter.
+        """
+        current = self._model
+        card = next((c for c in await self._model_cards() if c["id"] == current), None)
+        parent = card.get("parent") if card is not None else None
+        if not isinstance(parent, str) or not parent:
+            return
+        self.set_model(parent)  # first stop sending the adapter, then remove it
+        try:
+            await self.unload_lora_adapter(current)
+        except PolicyRequestError as exc:
+            if exc.status_code == 404 and VLLM_RUNTIME_LORA_ENV not in str(exc):
+                return  # someone else unloaded it already
+            self.set_model(current)  # the adapter is still there: keep serving it, as before the call
+            raise
+        except PolicyError:
+            self.set_model(current)
+            raise
+
+    async def sleep(self, level: int = 1, mode: str = "wait") -> None:
+        """Put the engine to sleep (`POST /sleep`) to free the GPU, e.g. for training in one-GPU mode.
+
+        Args:
+            level: 0 pauses scheduling; 1 offloads the weights to CPU and drops the KV cache; 2 drops both.
+            mode: "wait" (default here) lets running requests finish first; "abort" ends them with
+                finish_reason "abort" (vLLM's own default); "keep" pauses them until wake-up. Requests that arrive
+                while asleep are queued by the server, not refused.
+
+        Raises:
+            ValueError: a level or mode vLLM does not know.
+            PolicyRequestError: the server has no sleep routes (its message names VLLM_SERVER_DEV_MODE).
+            PolicyUnavailable, PolicyTimeout: the server failed or is unreachable.
+        """
+        if level not in (0, 1, 2) or isinstance(level, bool):
+            raise ValueError(f"sleep level must be 0, 1 or 2, not {level!r}")
+        if mode not in SLEEP_MODES:
+            raise ValueError(f"sleep mode must be one of {', '.join(SLEEP_MODES)}, not {mode!r}")
+        await self._dev_request("POST", "/sleep", params={"level": level, "mode": mode})
+        log.info("vLLM put to sleep (level %d, mode %s)", level, mode)
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Wake the engine (`POST /wake_up`); `tags` ("weights", "kv_cache", "scheduling") wake it in stages.
+
+        Raises:
+            PolicyRequestError: the server has no sleep routes (its message names VLLM_SERVER_DEV_MODE) or refused a
+                tag.
+            PolicyUnavailable, PolicyTimeout: the server failed or is unreachable.
+        """
+        if isinstance(tags, str):
+            raise TypeError("tags must be a sequence of strings, not a single string")
+        params = {"tags": list(tags)} if tags else None
+        await self._dev_request("POST", "/wake_up", params=params)
+        log.info("vLLM woken up (tags %s)", list(tags) if tags else "all")
+
+    async def is_sleeping(self) -> bool:
+        """Whether the engine is asleep or paused (`GET /is_sleeping`).
+
+        Raises:
+            PolicyRequestError: the server has no sleep routes (its message names VLLM_SERVER_DEV_MODE).
+            PolicyUnavailable, PolicyTimeout: the server failed, is unreachable or answered without the flag.
+        """
+        data = _json_object("GET /is_sleeping", await self._dev_request("GET", "/is_sleeping"))
+        flag = data.get("is_sleeping")
+        if not isinstance(flag, bool):
+            raise PolicyUnavailable("GET /is_sleeping answered without an `is_sleeping` boolean")
+        return flag
+
+    async def _model_cards(self) -> list[dict[str, Any]]:
+        data = _json_object("GET /v1/models", await self._send("GET", "/v1/models"))
+        cards = data.get("data")
+        if not isinstance(cards, list) or not all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in cards):
+            raise PolicyUnavailable("GET /v1/models answered without a `data` list of model cards")
+        return cards
+
+    async def _serves(self, name: str, path: str) -> bool:
+        """Whether the server lists adapter `name` loaded from `path`."""
+        return any(c["id"] == name and c.get("root") == path for c in await self._model_cards())
+
+    async def _lora_request(self, path: str, body: Mapping[str, Any]) -> httpx.Response:
+        """POST a runtime-LoRA request once; 5xx comes back to the caller, a missing route becomes a clear error."""
+        resp = await self._send("POST", path, body=body, retries=0, passthrough=(404, 500))
+        if resp.status_code == 404:
+            hint = f"start vLLM with {VLLM_RUNTIME_LORA_ENV}=1 (and --enable-lora) to load and unload LoRA adapters"
+            _raise_not_found("POST", path, resp, hint)
+        return resp
+
+    async def _dev_request(self, method: str, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
+        """A sleep-mode request; a missing route (a server without dev mode) becomes a clear error."""
+        resp = await self._send(method, path, params=params, passthrough=(404,))
+        if resp.status_code == 404:
+            _raise_not_found(
+                method, path, resp, "start vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode to use sleep mode"
+            )
+        return resp
+
+
+def _raise_not_found(method: str, path: str, resp: httpx.Response, hint: str) -> NoReturn:
+    """Raise for a 404: FastAPI's bare `{"detail": "Not Found"}` means the route itself is absent (`hint` says why)."""
+    message, _ = _error_details(resp)
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and "error" not in data and data.get("detail") == "Not Found":
+        raise PolicyRequestError(f"{method} {path}: the server has no such route; {hint}", status_code=404)
+    raise PolicyRequestError(f"{method} {path}: 404: {message}", status_code=404)
+
+
+def _json_object(label: str, resp: httpx.Response) -> dict[str, Any]:
+    try:
+        data = resp.json()
+    except ValueError as exc:
+        raise PolicyUnavailable(f"{label}: the server answered {resp.status_code} with a non-JSON body") from exc
+    if not isinstance(data, dict):
+        raise PolicyUnavailable(f"{label}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 # --------------------------------------------------------------------------------------------------------------------

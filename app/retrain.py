@@ -30,7 +30,7 @@ def probe_questions(settings: Settings) -> list[str]:
 
     path = settings.learning.retrain.probe_questions
     if path is not None:
-        return load_questions(path)
+        return load_questions(path, minimum=1)
     return bundled_questions(PROBE_COUNT, seed=97_531)  # another seed than training's default pool (seed 0)
 
 
@@ -103,7 +103,8 @@ class RetrainApp:
                           rollouts=r.rollouts, batch_questions=min(r.batch_questions, len(questions)), lr=r.lr,
                           init_adapter=Path(live.adapter_path) if live.adapter_path else None, plan_tokens=caps,
                           research_tokens=max(16, caps // 2), review_tokens=caps, answer_tokens=caps,
-                          max_tool_calls=2, reflection_candidates=2, curriculum_window=1)
+                          max_tool_calls=2, reflection_candidates=2, reflection_tokens=max(16, caps),
+                          curriculum_window=1)
         # Training rollouts run on the embedded backend in this process (vLLM may be asleep in one-GPU mode).
         train_settings = self.settings.model_copy(update={"agent": self.settings.agent.model_copy(update={
             "policy_backend": "embedded"})})

@@ -16,6 +16,7 @@ An exception marks the cycle failed (live untouched); a killed process leaves it
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,9 +84,11 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
             done = reg.finish_cycle(cycle.cycle_id, "skipped", numbers={"new_sessions": len(sessions)},
                                     error=f"{len(sessions)} new session(s) < min_new_sessions {cfg.min_new_sessions}")
             return CycleResult(done, None, None, done.error or "skipped")
+        began = time.monotonic()
         judged = await judge_pending(parts.log, parts.judge, progress=say)
         cycle = reg.advance_cycle(cycle.cycle_id, "judged", numbers={
-            "new_sessions": len(sessions), "judged": judged.judged, "judge_failures": judged.failed})
+            "new_sessions": len(sessions), "judged": judged.judged, "judge_failures": judged.failed,
+            "judge_seconds": round(time.monotonic() - began, 1)})
     live = reg.live()
     if cycle.stage == "judged":
         questions = _questions(parts.log, sessions, parts.seed_questions)
@@ -95,13 +98,15 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
         say(f"training from {live.name} on {len(questions)} question(s)")
         if cfg.sleep_policy_server and parts.sleep is not None:
             await parts.sleep()  # one GPU: the server's weights and KV cache leave GPU memory while we train
+        began = time.monotonic()
         try:
             adapter = await parts.train(cycle, questions, live)
         finally:
             if cfg.sleep_policy_server and parts.wake is not None:
                 await parts.wake()
-        cycle = reg.advance_cycle(cycle.cycle_id, "trained", numbers={"questions": len(questions),
-                                                                       "trained_adapter": str(adapter)})
+        cycle = reg.advance_cycle(cycle.cycle_id, "trained", numbers={
+            "questions": len(questions), "trained_adapter": str(adapter),
+            "train_seconds": round(time.monotonic() - began, 1)})
     if cycle.stage == "trained":
         staged = _stage_adapter(Path(cycle.numbers["trained_adapter"]), parts.adapters_dir, cycle.cycle_id)
         version = reg.register(staged, parent=live.name, training_run=cycle.cycle_id,
@@ -116,10 +121,12 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
         reg.reject(candidate.name, problem)
         done = reg.finish_cycle(cycle.cycle_id, "rejected", numbers={"reason": problem})
         return CycleResult(done, candidate.name, None, f"{candidate.name} rejected: {problem}")
+    began = time.monotonic()
     gate = await _gate(parts, cfg, candidate, live)
     reg.set_eval_report(candidate.name, gate.as_dict())
     cycle = reg.advance_cycle(cycle.cycle_id, "evaluated", numbers={
-        "candidate_score": gate.candidate.total, "live_score": gate.live.total})
+        "candidate_score": gate.candidate.total, "live_score": gate.live.total,
+        "gate_seconds": round(time.monotonic() - began, 1)})
     if not gate.promote:
         reg.reject(candidate.name, gate.reason)
         done = reg.finish_cycle(cycle.cycle_id, "rejected", numbers={"reason": gate.reason})

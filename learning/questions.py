@@ -34,7 +34,7 @@ def bundled_questions(n: int, seed: int = 0) -> list[str]:
     return [SHAPES[i % len(SHAPES)].format(title=t) for i, t in enumerate(picked)]
 
 
-def load_questions(path: Path) -> list[str]:
+def load_questions(path: Path, minimum: int = 2) -> list[str]:
     """Questions from a .txt file (one per line) or .jsonl (a "question" field per line), de-duplicated in order.
 
     Raises:
@@ -60,6 +60,6 @@ def load_questions(path: Path) -> list[str]:
                                     "characters")
         if q.strip() not in out:
             out.append(q.strip())
-    if len(out) < 2:
-        raise QuestionPoolError(f"{path}: needs at least 2 distinct questions, found {len(out)}")
+    if len(out) < minimum:
+        raise QuestionPoolError(f"{path}: needs at least {minimum} distinct question(s), found {len(out)}")
     return out

@@ -86,8 +86,8 @@ class Batch:
         return int(self.attention_mask.sum().item())
 
 
-def collate(seqs: Sequence[TrainSequence], pad_id: int) -> Batch:
-    """Pad sequences on the right into one Batch."""
+def collate(seqs: Sequence[TrainSequence], pad_id: int, device: torch.device | str = "cpu") -> Batch:
+    """Pad sequences on the right into one Batch on `device` (the model's)."""
     if not seqs:
         raise ValueError("cannot collate an empty micro-batch")
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in seqs]
@@ -108,25 +108,30 @@ def collate(seqs: Sequence[TrainSequence], pad_id: int) -> Batch:
             mask[i, :n] = torch.tensor(s.mask, dtype=torch.float32)
             adv[i, :n] = torch.tensor(s.advantages, dtype=torch.float32)
     prompt_lens = torch.tensor([len(s.prompt_ids) for s in seqs], dtype=torch.long)  # (B,)
-    return Batch(input_ids, attention, prompt_lens, targets, mask, adv)
+    return Batch(*(t.to(device) for t in (input_ids, attention, prompt_lens, targets, mask, adv)))
 
 
 def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
-    """log π(token | prefix) for every response position, (B, T); padding positions hold 0.
+    """log π(token | prefix) for every response position, (B, T); padding positions hold garbage the mask removes.
 
     The logits at input index j predict token j + 1, so response token t of row b (input index p_b + t) is read from
-    logits index p_b + t - 1. Only the needed rows of the vocabulary projection are gathered, never a (B, L, V)
-    log-softmax copy beyond the logits themselves.
+    logits index p_b + t - 1. Only the positions from the shortest prompt's end onwards go through the LM head
+    (`logits_to_keep`), so prompt tokens cost no vocabulary projection.
     """
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    logits = out.logits  # (B, L, V)
+    width = batch.input_ids.shape[1]
+    first = int(batch.prompt_lens.min()) - 1  # the earliest logits position any response needs
+    keep = width - first
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, logits_to_keep=keep)
+    logits = out.logits  # (B, keep, V): input positions first .. width-1
     b, t = batch.targets.shape
-    positions = batch.prompt_lens.unsqueeze(1) - 1 + torch.arange(t).unsqueeze(0)  # (B, T)
-    positions = positions.clamp(max=logits.shape[1] - 1)
+    positions = batch.prompt_lens.unsqueeze(1) - 1 - first + torch.arange(t, device=logits.device).unsqueeze(0)
+    positions = positions.clamp(max=logits.shape[1] - 1)  # (B, T)
     picked = logits.gather(1, positions.unsqueeze(-1).expand(b, t, logits.shape[-1]))  # (B, T, V)
-    picked = picked.float() / temperature
-    logp = torch.log_softmax(picked, dim=-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    return logp
+    if picked.dtype != torch.float32:
+        picked = picked.float()
+    if temperature != 1.0:
+        picked = picked / temperature
+    return torch.log_softmax(picked, dim=-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
 
 
 def micro_batches(seqs: Sequence[TrainSequence], token_budget: int) -> list[list[TrainSequence]]:

@@ -3,9 +3,10 @@ gradient accumulation, gradient clipping, one optimizer step.
 
 The loss is a token-level masked mean over every trainable token of the whole update (METHOD D5): each micro-batch's
 masked mean is weighted by its share of the update's trainable tokens before backward, so splitting into
-micro-batches does not change the gradient. Old log-probs are recomputed with the current weights before the first
-gradient (the sampler's own log-probs differ under temperature and across engines; the gap is reported as
-`sampler_logprob_gap`). The reference policy is the base model: the LoRA adapter disabled (no second copy).
+micro-batches does not change the gradient. There is one optimizer step per batch, so the "old" policy is the current
+one: old log-probs are the gradient pass's own, detached (ρ = 1, the clip is inactive; no extra forward pass, as in
+TRL with one iteration). The sampler's log-probs differ under temperature and across engines; the gap is reported
+as `sampler_logprob_gap`. The reference policy is the base model: the LoRA adapter disabled (no second copy).
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ class UpdateStats:
 
 
 def reference_context(model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-    """The reference policy: a PEFT model with its adapter disabled; a plain model is its own reference."""
-    disable = getattr(model, "disable_adapter", None)
+    """The reference policy: a PEFT model with its adapter disabled; a plain model is its own reference.
+
+    A DDP/accelerate wrapper is looked through (`.module`), or the adapter would stay on and the KL would be 0.
+    """
+    disable = getattr(getattr(model, "module", model), "disable_adapter", None)
     return disable() if callable(disable) else contextlib.nullcontext()
 
 
@@ -89,24 +93,27 @@ def policy_update(
     if not seqs:
         stats.skipped = "no trainable tokens"
         return stats
-    batches = [collate(mb, pad_id) for mb in micro_batches(seqs, token_budget)]
+    device = next(model.parameters()).device
+    batches = [collate(mb, pad_id, device) for mb in micro_batches(seqs, token_budget)]
     total = sum(float(b.mask.sum()) for b in batches)
     was_training = model.training
-    model.eval()  # dropout off for the fixed passes
-    old = _fixed_logprobs(model, batches, temperature)
+    model.eval()  # dropout off for the fixed pass
+    ref: list[torch.Tensor | None] = [None] * len(batches)
     if beta > 0:
         with reference_context(model):
-            ref = _fixed_logprobs(model, batches, temperature)
-    else:
-        ref = old
+            ref = list(_fixed_logprobs(model, batches, temperature))
     model.train()
+    olds: list[torch.Tensor] = []
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
     loss_total = 0.0
     try:
-        for b, old_lp, ref_lp in zip(batches, old, ref, strict=True):
+        for b, ref_lp in zip(batches, ref, strict=True):
             logp = response_logprobs(model, b, temperature)  # (B, T)
-            loss, m = policy_loss(logp, old_lp, ref_lp, b.advantages, b.mask, clip=clip, beta=beta)
+            old_lp = logp.detach()
+            olds.append(old_lp)
+            loss, m = policy_loss(logp, old_lp, old_lp if ref_lp is None else ref_lp, b.advantages, b.mask,
+                                  clip=clip, beta=beta)
             share = float(b.mask.sum()) / total
             scaled = loss * share
             (backward or torch.Tensor.backward)(scaled)
@@ -131,7 +138,7 @@ def policy_update(
     stats.loss, stats.grad_norm = loss_total, grad_norm
     stats.sequences, stats.trainable_tokens = len(seqs), int(total)
     stats.metrics = {k: round(v, 6) for k, v in sums.items()} | {"sampler_logprob_gap": _sampler_gap(seqs, batches,
-                                                                                                         old)}
+                                                                                                         olds)}
     stats.seconds = time.perf_counter() - started
     return stats
 
@@ -153,11 +160,12 @@ def _sampler_gap(seqs: Sequence[TrainSequence], batches: Sequence[Batch], old: S
     it: Iterator[TrainSequence] = iter(order)
     diffs: list[float] = []
     for b, lp in zip(batches, old, strict=True):
-        for row in range(b.targets.shape[0]):
+        rows = lp.tolist()  # one device sync per micro-batch, not per token
+        for row in rows:
             s = next(it)
             if len(s.sampled_logprobs) != len(s.response_ids):
                 continue
             for t, (m, sl) in enumerate(zip(s.mask, s.sampled_logprobs, strict=True)):
                 if m and math.isfinite(sl):
-                    diffs.append(abs(float(lp[row, t]) - sl))
+                    diffs.append(abs(row[t] - sl))
     return round(sum(diffs) / len(diffs), 6) if diffs else float("nan")

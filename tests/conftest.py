@@ -126,3 +126,14 @@ def local_tools(small_index: object) -> dict[str, object]:
 
     return {"local_search": LocalSearch(small_index, k=3, snippet_chars=300)}  # type: ignore[arg-type]
 
+
+# --- a vLLM 0.33 stand-in (tests/vllm_server.py) -------------------------------------------------------------------
+
+@pytest.fixture
+def vllm_server(smollm2_dir: Path) -> Iterator[object]:
+    """A running vLLM 0.33.0 stand-in on 127.0.0.1 serving SmolLM2's tokenizer as `policy`, with runtime LoRA
+    updating and dev mode (sleep/wake) on; `.url` is its root. Stopped at the end of the test."""
+    from tests.vllm_server import VLLMStandInServer
+
+    with VLLMStandInServer(smollm2_dir) as server:
+        yield server
