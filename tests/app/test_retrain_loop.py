@@ -1,0 +1,125 @@
+"""The online loop end to end on CPU with the embedded default: sessions → retrain cycle → promoted version answers
+the next question → a broken candidate is rejected → rollback; plus the gate's decision rule and the cycle lock."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.config import AgentConfig, RunOptions, StageTokenCaps
+from app.scheduler import CycleLocked, cycle_lock, run_cycle
+from app.settings import Settings
+from learning.config import LearningConfig, RetrainConfig
+from learning.evaluate import VersionScore, decide
+from store.config import StoreConfig
+from store.registry import Registry
+from store.session_log import SessionLog
+
+SMALL = RunOptions(format="short_form", max_tool_calls=1, temperature=0.7, seed=1, wall_clock_s=600,
+                   token_caps=StageTokenCaps(plan=24, research=16, review=16, answer=24), context_tokens=4096)
+
+
+def _settings(tmp_path: Path, smollm2_dir: Path, probes: Path) -> Settings:
+    retrain = RetrainConfig(steps=1, rollouts=2, batch_questions=1, max_token_caps=16, probe_questions=probes,
+                            probe_samples=1, tolerance=1.0, min_new_sessions=2, unload_grace_s=0)
+    return Settings(agent=AgentConfig(embedded_model_path=smollm2_dir, defaults=SMALL),
+                    store=StoreConfig(data_dir=tmp_path / "data"), learning=LearningConfig(retrain=retrain))
+
+
+def test_the_gate_promotes_within_tolerance_and_rejects_worse_or_failing_candidates() -> None:
+    def score(total: float, failed: int = 0) -> VersionScore:
+        return VersionScore("v", {}, total, 4, failed)
+
+    assert decide(score(0.50), score(0.51), 0.02, "j").promote
+    worse = decide(score(0.40), score(0.51), 0.02, "j")
+    assert not worse.promote and "< live" in worse.reason
+    assert not decide(score(0.9, failed=1), score(0.5), 0.02, "j").promote
+    assert not decide(score(float("nan")), score(0.5), 0.02, "j").promote
+
+
+def test_only_one_cycle_runs_at_a_time_across_processes(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, '.'); from app.scheduler import cycle_lock; from pathlib import Path\n"
+        f"with cycle_lock(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(30)")],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(CycleLocked), cycle_lock(tmp_path):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with cycle_lock(tmp_path):  # released when the holder died
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # about 4 minutes on an idle 2-core machine; much longer when the cores are shared
+def test_sessions_retrain_promote_answer_reject_and_rollback(smollm2_dir: Path, tmp_path: Path) -> None:
+    from app.container import build
+
+    probes = tmp_path / "probes.txt"
+    probes.write_text("Who was Haymo of Faversham?\n")
+    settings = _settings(tmp_path, smollm2_dir, probes)
+
+    async def ask(question: str) -> str:
+        services = build(settings)
+        try:
+            out = await services.research.run(question, SMALL)
+            return out.session_id
+        finally:
+            await services.policy.aclose()
+
+    for q in ("Who was Haymo of Faversham?", "What is the Franciscan order?"):
+        asyncio.run(ask(q))
+    result = asyncio.run(run_cycle(settings, trigger="cli", force=True))
+    assert result.cycle.status == "promoted", result.message
+    reg = Registry(SessionLog(settings.store.sqlite_path))
+    live = reg.live()
+    assert live.name == "policy@1" and live.parent == "base" and live.eval_report is not None
+    assert result.cycle.numbers["new_sessions"] == 2 and result.cycle.numbers["judged"] == 2
+
+    sid = asyncio.run(ask("Who founded the Franciscan order?"))  # the next question is answered by the new version
+    rec = SessionLog(settings.store.sqlite_path).get(sid)
+    assert rec.policy_version == "policy@1"
+    assert {t.policy_version for t in rec.trajectory.turns if t.kind == "sampled"} == {"policy@1"}
+
+    # A candidate with NaN weights is rejected; live stays where it was.
+    broken = tmp_path / "broken"
+    shutil.copytree(live.adapter_path, broken)  # type: ignore[arg-type]
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(broken / "adapter_model.safetensors"))
+    save_file({k: torch.full_like(v, float("nan")) for k, v in weights.items()}, str(broken / "adapter_model.safetensors"))
+
+    from app.retrain import RetrainApp
+    from learning.pipeline import retrain
+
+    async def broken_cycle() -> object:
+        app = RetrainApp(settings)
+        parts = app.parts()
+        parts.seed_questions = ["q one?", "q two?"]  # no new sessions are needed for a forced cycle
+
+        async def train(*_a: object) -> Path:
+            return broken
+
+        parts.train = train  # type: ignore[assignment]
+        try:
+            return await retrain(parts, settings.learning.retrain, force=True)
+        finally:
+            await app.aclose()
+
+    rejected = asyncio.run(broken_cycle())
+    assert rejected.cycle.status == "rejected" and "non-finite" in rejected.message  # type: ignore[attr-defined]
+    assert reg.live().name == "policy@1" and reg.get("policy@2").status == "rejected"
+
+    assert reg.rollback("test").version == "base"
+    sid = asyncio.run(ask("Who was Haymo of Faversham?"))
+    assert SessionLog(settings.store.sqlite_path).get(sid).policy_version == "base"
