@@ -123,3 +123,22 @@ def test_sessions_retrain_promote_answer_reject_and_rollback(smollm2_dir: Path, 
     assert reg.rollback("test").version == "base"
     sid = asyncio.run(ask("Who was Haymo of Faversham?"))
     assert SessionLog(settings.store.sqlite_path).get(sid).policy_version == "base"
+
+
+def test_the_scheduler_runs_on_its_trigger_and_records_a_skip_without_enough_sessions(tmp_path: Path) -> None:
+    from apscheduler.triggers.cron import CronTrigger
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    from app.scheduler import build_scheduler, scheduled_job
+
+    settings = Settings(store=StoreConfig(data_dir=tmp_path / "data"),
+                        learning=LearningConfig(retrain=RetrainConfig(min_new_sessions=3, interval_minutes=30)))
+    job = build_scheduler(settings, blocking=False).get_job("retrain")
+    assert isinstance(job.trigger, IntervalTrigger) and job.max_instances == 1
+    cron = Settings(learning=LearningConfig(retrain=RetrainConfig(cron="15 2 * * *")))
+    assert isinstance(build_scheduler(cron, blocking=False).get_job("retrain").trigger, CronTrigger)
+
+    scheduled_job(settings)  # no sessions yet: recorded as skipped, nothing trained
+    cycles = Registry(SessionLog(settings.store.sqlite_path)).cycles()
+    assert [(c.trigger, c.status) for c in cycles] == [("scheduler", "skipped")]
+    assert "0 new session(s) < min_new_sessions 3" in (cycles[0].error or "")
