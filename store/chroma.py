@@ -12,10 +12,11 @@ from contextlib import contextmanager
 import chromadb
 import httpx
 from chromadb.api import ClientAPI
-from chromadb.errors import ChromaError
+from chromadb.api.models.Collection import Collection
+from chromadb.errors import ChromaError, NotFoundError
 
 from store.config import StoreConfig
-from store.embeddings import EmbeddingModelError
+from store.embeddings import EmbeddingModelError, SentenceTransformerEmbedding
 from store.errors import StoreError
 
 CHROMA_FAILURES: tuple[type[BaseException], ...] = (
@@ -46,3 +47,25 @@ def open_chroma_client(config: StoreConfig, error: type[StoreError] = StoreError
             return chromadb.HttpClient(host=config.chroma_host, port=config.chroma_port)
         config.chroma_path.mkdir(parents=True, exist_ok=True)
         return chromadb.PersistentClient(path=str(config.chroma_path))
+
+
+META_MODEL = "embedding_model"
+
+
+def open_collection(client: ClientAPI, name: str, model: str, error: type[StoreError], what: str,
+                    metadata: dict[str, str] | None = None) -> tuple[Collection, str | None]:
+    """Open or create a cosine collection embedded with `model` ("" = bundled MiniLM); returns it with the model it
+    was built with (recorded in its metadata at creation), so the caller can refuse a mismatch."""
+    ef = SentenceTransformerEmbedding(model)
+    with chroma_errors(f"open {what} {name!r}", error):
+        try:
+            col = client.get_collection(name, embedding_function=ef)  # type: ignore[arg-type]
+        except NotFoundError:
+            col = client.get_or_create_collection(
+                name,
+                embedding_function=ef,  # type: ignore[arg-type]
+                configuration={"hnsw": {"space": "cosine"}},
+                metadata={META_MODEL: model, **(metadata or {})},
+            )
+    built_with = (col.metadata or {}).get(META_MODEL)
+    return col, None if built_with is None else str(built_with)

@@ -20,10 +20,9 @@ from typing import Any
 import numpy as np
 from chromadb.api import ClientAPI
 from chromadb.api.models.Collection import Collection
-from chromadb.errors import NotFoundError
 from rank_bm25 import BM25Okapi
 
-from store.chroma import chroma_errors, open_chroma_client
+from store.chroma import chroma_errors, open_chroma_client, open_collection
 from store.config import StoreConfig
 from store.embeddings import SentenceTransformerEmbedding, embed_texts
 from store.errors import StoreError
@@ -164,18 +163,8 @@ class DocIndex:
     def _open_collection(self) -> Collection:
         name = self._config.docs_collection
         model_key = self._model_key()
-        ef = SentenceTransformerEmbedding(self._model)
-        with _chroma_errors(f"open collection {name!r}"):
-            try:
-                col = self._client.get_collection(name, embedding_function=ef)  # type: ignore[arg-type]
-            except NotFoundError:
-                col = self._client.get_or_create_collection(
-                    name,
-                    embedding_function=ef,  # type: ignore[arg-type]
-                    configuration={"hnsw": {"space": "cosine"}},
-                    metadata={_META_MODEL: model_key, _META_REVISION: uuid.uuid4().hex},
-                )
-        built_with = (col.metadata or {}).get(_META_MODEL)
+        col, built_with = open_collection(self._client, name, model_key, DocIndexError, "collection",
+                                          {_META_REVISION: uuid.uuid4().hex})
         if built_with is not None and built_with != model_key:
             # Vectors from two models are not comparable; refuse rather than return nonsense rankings.
             raise DocIndexError(

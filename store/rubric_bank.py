@@ -31,11 +31,10 @@ from typing import Any, Literal
 import numpy as np
 from chromadb.api import ClientAPI
 from chromadb.api.models.Collection import Collection
-from chromadb.errors import NotFoundError
 
-from store.chroma import chroma_errors, open_chroma_client
+from store.chroma import chroma_errors, open_chroma_client, open_collection
 from store.config import BankConfig, StoreConfig
-from store.embeddings import SentenceTransformerEmbedding, embed_texts
+from store.embeddings import embed_texts
 from store.errors import InvalidInput, StoreError
 from store.records import BankHit, BankItem, Retrieval, question_sha
 
@@ -183,18 +182,7 @@ class RubricBank:
 
     def _open_collection(self) -> Collection:
         name, model = self.config.collection, self.config.embedding_model.strip()
-        ef = SentenceTransformerEmbedding(model)
-        with chroma_errors(f"open the rubric bank collection {name!r}", BankError):
-            try:
-                col = self._client.get_collection(name, embedding_function=ef)  # type: ignore[arg-type]
-            except NotFoundError:
-                col = self._client.get_or_create_collection(
-                    name,
-                    embedding_function=ef,  # type: ignore[arg-type]
-                    configuration={"hnsw": {"space": "cosine"}},
-                    metadata={_META_MODEL: model},
-                )
-        built_with = (col.metadata or {}).get(_META_MODEL)
+        col, built_with = open_collection(self._client, name, model, BankError, "the rubric bank collection")
         if built_with is not None and built_with != model:
             raise BankError(
                 f"the rubric bank {name!r} was built with embedding model {built_with!r} but {model!r} is configured; "

@@ -732,11 +732,6 @@ class SessionLog:
                 (final, *values, now, now, session_id),
             )
 
-    @property
-    def path(self) -> Path:
-        """The database file."""
-        return self._path
-
     def record_judgement(
         self,
         session_id: str,
