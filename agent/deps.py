@@ -54,6 +54,7 @@ class AgentDeps:
     call_ids: CallIdFactory = field(default_factory=CallIdFactory)
     prompt_sha: str = ""
     started_at: float = 0.0  # clock() at run start; set by run_research
+    generate_calls: int = 0  # policy calls so far in this run (each gets seed + this, when seeded)
 
     def elapsed(self) -> float:
         """Seconds since the run started."""

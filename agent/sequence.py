@@ -54,6 +54,7 @@ class SequenceWriter:
         if remaining <= 0:
             raise BudgetExceeded(f"wall-clock limit of {self.deps.options.wall_clock_s:.0f} s reached before {stage}")
         self.deps.recorder.event("generating", {"stage": stage, "max_tokens": max_tokens})
+        self.deps.generate_calls += 1
         try:
             return await asyncio.wait_for(
                 self.deps.policy.generate(
@@ -61,7 +62,9 @@ class SequenceWriter:
                     stop=list(stop),
                     max_tokens=max_tokens,
                     temperature=self.deps.options.temperature,
-                    seed=self.deps.options.seed,
+                    # One seed per call (seed + calls so far): the same seed on every turn would replay one random
+                    # stream at each stage; the run stays reproducible.
+                    seed=None if self.deps.options.seed is None else self.deps.options.seed + self.deps.generate_calls,
                 ),
                 timeout=remaining,
             )
