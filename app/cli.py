@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from agent.config import RunOptions
 from agent.errors import AgentError, IngestError, InputError
-from app import cli_bank, cli_loop, cli_train
+from app import cli_bank, cli_batch, cli_loop, cli_train
 from app import events as ev
 from app.container import ConfigurationError
 from app.scheduler import CycleLocked
@@ -315,6 +315,7 @@ def parser() -> argparse.ArgumentParser:
     cli_bank.add_parsers(sub)
     cli_train.add_parsers(sub)
     cli_loop.add_parsers(sub)
+    cli_batch.add_parsers(sub)
     return p
 
 

@@ -1,0 +1,450 @@
+"""Batch reports: research every question of a JSONL or CSV file through `ResearchService.run`, writing one
+Markdown and one JSON file per item and an index; a rerun resumes (finished items are skipped).
+
+Resuming, per item (matched by id, and only while the stored question is the same):
+- a `done` record with its Markdown file is skipped;
+- a `failed` record of kind `input` (empty or over-long question) is skipped while the question is still refused
+  (bad input fails the same way every time, so a rerun does nothing new for it);
+- a `failed` record of kind `run` (the policy server died, a time limit, ...) is retried.
+An item whose question changed since its record was written is researched again and its files replaced. Changed
+run options (format, budgets) do not invalidate a finished item: delete its `<id>.json` to redo it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from agent.config import FormatLabel, RunOptions
+from agent.errors import InputError
+from agent.run import validate_question
+from app.service import ResearchService, RunFailedError, stage_summary
+
+INDEX_MD, INDEX_JSON = "index.md", "index.json"
+RECORD_VERSION = 1
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_FORMATS: tuple[str, ...] = get_args(FormatLabel)
+_RESERVED_IDS = {"index"}  # index.md / index.json are the batch's own files
+
+ItemStatus = Literal["done", "failed", "skipped"]
+ErrorKind = Literal["input", "run"]
+
+
+class BatchInputError(InputError):
+    """The queries file (or the item list) is unusable; the message names the file and line. Nothing was run."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """One question of a batch. `id` names its output files; `format` overrides the run's answer format."""
+
+    id: str
+    question: str
+    format: FormatLabel | None = None
+    line: int = 0  # line in the queries file (0 when built in code)
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """What happened to one item in this run (`skipped`: finished earlier) and what its record says now."""
+
+    id: str
+    status: ItemStatus
+    recorded: Literal["done", "failed"]
+    error: str | None = None
+    error_kind: ErrorKind | None = None
+    session_id: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSummary:
+    """The outcome of `run_batch`. Throughput counts reports completed in this run per wall-clock minute."""
+
+    total: int
+    done: int
+    failed: int
+    skipped: int
+    seconds: float
+    throughput_per_min: float
+    concurrency: int
+    policy_version: str
+    items: tuple[ItemResult, ...]
+    out_dir: Path
+    index_md: Path
+    index_json: Path
+
+    @property
+    def unfinished(self) -> int:
+        """Items whose record is not `done` (failed now or earlier): the batch is incomplete while this is > 0."""
+        return sum(1 for r in self.items if r.recorded != "done")
+
+
+@dataclass(frozen=True, slots=True)
+class ItemStarted:
+    """A research session for this item is starting (it holds one of the concurrency slots)."""
+
+    item_id: str
+    question: str
+
+
+@dataclass(frozen=True, slots=True)
+class ItemFinished:
+    """An item is finished for this run; `finished` of `total` items are."""
+
+    result: ItemResult
+    finished: int
+    total: int
+
+
+BatchEvent = ItemStarted | ItemFinished
+BatchProgress = Callable[[BatchEvent], None]
+
+
+# ---------------------------------------------------------------- input
+
+
+def load_items(path: Path) -> list[BatchItem]:
+    """Read and check a queries file: `.jsonl` (objects with "question", optional "id" and "format") or `.csv`
+    (a header with a "question" column, optional "id" and "format" columns).
+
+    Items without an id get their position in the file, zero-padded ("0001", ...). An empty or over-long question is
+    not a file error: it is kept, and fails as that item's own recorded failure.
+
+    Raises:
+        BatchInputError: the file is missing, unreadable, not UTF-8, has no questions, or a line is malformed
+            (not a JSON object, no "question" string, a bad id or format, a duplicate id); the message names the line.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".jsonl", ".ndjson", ".csv"):
+        raise BatchInputError(f"{path}: a queries file must be .jsonl or .csv")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise BatchInputError(f"{path}: no such file") from exc
+    except OSError as exc:
+        raise BatchInputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    rows = _csv_rows(path, data) if suffix == ".csv" else _jsonl_rows(path, data)
+    if not rows:
+        raise BatchInputError(f"{path}: has no questions")
+    width = max(4, len(str(len(rows))))
+    items: list[BatchItem] = []
+    seen: dict[str, int] = {}
+    for n, (line, fields) in enumerate(rows, start=1):
+        raw_id = fields.get("id")
+        item_id = f"{n:0{width}d}" if raw_id in (None, "") else _check_id(path, line, raw_id)
+        if item_id in seen:
+            raise BatchInputError(f"{path}, line {line}: id {item_id!r} is already used on line {seen[item_id]}")
+        seen[item_id] = line
+        fmt = fields.get("format")
+        if fmt in (None, ""):
+            fmt = None
+        elif fmt not in _FORMATS:
+            raise BatchInputError(f"{path}, line {line}: format {fmt!r} is not one of {', '.join(_FORMATS)}")
+        items.append(BatchItem(item_id, fields["question"], fmt, line))  # type: ignore[arg-type]
+    return items
+
+
+def _check_id(path: Path, line: int, raw: object) -> str:
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        raise BatchInputError(f"{path}, line {line}: id must be a string or an integer, not {type(raw).__name__}")
+    item_id = str(raw).strip()
+    if not _ID_RE.fullmatch(item_id) or item_id.lower() in _RESERVED_IDS:
+        raise BatchInputError(
+            f"{path}, line {line}: id {item_id!r} cannot name a file: use 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (and not 'index')"
+        )
+    return item_id
+
+
+def _jsonl_rows(path: Path, data: bytes) -> list[tuple[int, dict[str, Any]]]:
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for line, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            text = raw.decode("utf-8-sig" if line == 1 else "utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise BatchInputError(f"{path}, line {line}: not UTF-8 text") from exc
+        if not text:
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BatchInputError(f"{path}, line {line}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        if not isinstance(obj, dict):
+            raise BatchInputError(f"{path}, line {line}: expected a JSON object with a \"question\" field")
+        if "question" not in obj:
+            raise BatchInputError(f"{path}, line {line}: no \"question\" field")
+        if not isinstance(obj["question"], str):
+            raise BatchInputError(f"{path}, line {line}: \"question\" must be a string")
+        try:
+            obj["question"].encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate escape ("\\ud800") is valid JSON but not text
+            raise BatchInputError(f"{path}, line {line}: \"question\" is not valid Unicode text") from exc
+        rows.append((line, obj))
+    return rows
+
+
+def _csv_rows(path: Path, data: bytes) -> list[tuple[int, dict[str, Any]]]:
+    try:
+        text = data.decode("utf-8-sig")  # a BOM is what spreadsheet programs write
+    except UnicodeDecodeError as exc:
+        bad_line = data[: exc.start].count(b"\n") + 1
+        raise BatchInputError(f"{path}, line {bad_line}: not UTF-8 text") from exc
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise BatchInputError(f"{path}: is empty (expected a header line with a \"question\" column)")
+        names = [h.strip().lower() for h in header]
+        if "question" not in names:
+            raise BatchInputError(
+                f"{path}, line 1: the header has no \"question\" column (found: {', '.join(map(repr, names))})"
+            )
+        rows: list[tuple[int, dict[str, Any]]] = []
+        start = reader.line_num + 1
+        for values in reader:
+            line, start = start, reader.line_num + 1  # a quoted field may span lines: name the row's first line
+            if not any(v.strip() for v in values):
+                continue
+            if len(values) != len(names):
+                raise BatchInputError(f"{path}, line {line}: {len(values)} field(s), the header has {len(names)}")
+            rows.append((line, dict(zip(names, values, strict=True))))
+    except csv.Error as exc:
+        raise BatchInputError(f"{path}, line {reader.line_num}: {exc}") from exc
+    return rows
+
+
+# ---------------------------------------------------------------- output
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and a rename, so a reader (or a rerun
+    after a crash) sees either the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_record(out_dir: Path, item: BatchItem) -> dict[str, Any] | None:
+    """The stored record of `item`, or None when there is none, it cannot be read, or it is for another question."""
+    try:
+        record = json.loads((out_dir / f"{item.id}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("question") != item.question:
+        return None
+    if record.get("status") == "done" and not (out_dir / f"{item.id}.md").is_file():
+        return None  # the report went missing: redo it
+    return record if record.get("status") in ("done", "failed") else None
+
+
+def _write_failure(out_dir: Path, item: BatchItem, kind: ErrorKind, error: str, sid: str | None, s: float) -> None:
+    (out_dir / f"{item.id}.md").unlink(missing_ok=True)  # a report left from an earlier question would mislead
+    record = {
+        "record_version": RECORD_VERSION, "id": item.id, "status": "failed", "question": item.question,
+        "format": item.format, "error": error, "error_kind": kind, "session_id": sid, "seconds": round(s, 3),
+        "finished_at": _now(),
+    }  # fmt: skip
+    write_atomic(out_dir / f"{item.id}.json", json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+
+
+def _write_done(out_dir: Path, item: BatchItem, outcome: Any, options: RunOptions) -> None:
+    report = outcome.report
+    record = {
+        "record_version": RECORD_VERSION,
+        "id": item.id,
+        "status": "done",
+        "session_id": outcome.session_id,
+        "question": item.question,
+        "format": options.format,
+        "report": report.markdown,
+        "citations": [{"id": s.id, "tool": s.tool, "title": s.title, "text": s.text, "url": s.url}
+                      for s in report.references],
+        "stages": stage_summary(outcome.trajectory),
+        "tool_calls": len(outcome.trajectory.tool_calls),
+        "policy_version": outcome.policy_version,
+        "seconds": round(outcome.seconds, 3),
+        "finished_at": _now(),
+    }
+    # The Markdown first: the JSON is the completion marker a rerun looks for.
+    write_atomic(out_dir / f"{item.id}.md", report.markdown.rstrip("\n") + "\n")
+    write_atomic(out_dir / f"{item.id}.json", json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+
+
+def _cell(text: str, n: int) -> str:
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def write_index(out_dir: Path, items: Sequence[BatchItem]) -> tuple[Path, Path]:
+    """Rebuild index.json and index.md from the item records on disk (items without one are `pending`)."""
+    rows: list[dict[str, Any]] = []
+    for item in items:
+        rec = read_record(out_dir, item) or {}
+        status = rec.get("status", "pending")
+        rows.append({
+            "id": item.id, "status": status, "question": item.question, "line": item.line,
+            "error": rec.get("error"), "error_kind": rec.get("error_kind"), "session_id": rec.get("session_id"),
+            "policy_version": rec.get("policy_version"), "seconds": rec.get("seconds"),
+            "report": f"{item.id}.md" if status == "done" else None,
+            "json": f"{item.id}.json" if rec else None,
+        })  # fmt: skip
+    counts = {k: sum(1 for r in rows if r["status"] == k) for k in ("done", "failed", "pending")}
+    index = {"updated_at": _now(), "total": len(rows), "counts": counts, "items": rows}
+    json_path, md_path = out_dir / INDEX_JSON, out_dir / INDEX_MD
+    write_atomic(json_path, json.dumps(index, indent=2, ensure_ascii=False) + "\n")
+    lines = [
+        "# Batch reports", "",
+        (f"{len(rows)} item(s): {counts['done']} done, {counts['failed']} failed, {counts['pending']} pending "
+         f"(updated {index['updated_at']})."), "",
+        "| id | status | question | seconds | report or error |", "|---|---|---|---:|---|",
+    ]  # fmt: skip
+    for r in rows:
+        what = f"[{r['report']}]({r['report']})" if r["report"] else _cell(
+            f"{r['error_kind'] or ''} error: {r['error']}" if r["error"] else "", 120)
+        seconds = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
+        question = _cell(r["question"], 80) or "*(empty)*"
+        lines.append(f"| {r['id']} | {r['status']} | {question} | {seconds} | {what} |")
+    write_atomic(md_path, "\n".join(lines) + "\n")
+    return md_path, json_path
+
+
+# ---------------------------------------------------------------- the run
+
+
+async def run_batch(
+    service: ResearchService,
+    items: Sequence[BatchItem],
+    out_dir: Path,
+    *,
+    concurrency: int = 1,
+    options: RunOptions | None = None,
+    progress: BatchProgress | None = None,
+) -> BatchSummary:
+    """Research every item that is not finished yet, at most `concurrency` sessions at a time, and rebuild the index.
+
+    All sessions share the service's one policy client: an HTTP server (vLLM, llama.cpp) receives up to
+    `concurrency` requests at once; the embedded client runs one generation at a time (its lock) while the others
+    wait, search or write. A failing item is recorded (`<id>.json`, status failed) and never stops the others.
+    The index is rebuilt even when the batch is interrupted.
+
+    Args:
+        service: The research service (one policy, tool set and session log).
+        items: The questions (ids must be unique), e.g. from `load_items`.
+        out_dir: Output folder (created if missing).
+        concurrency: Sessions running at once (>= 1).
+        options: Run options for every item (default: the service's defaults); an item's format overrides.
+        progress: Receives ItemStarted / ItemFinished events.
+
+    Raises:
+        BatchInputError: concurrency < 1, duplicate or unusable ids, or `out_dir` is not a folder.
+    """
+    if concurrency < 1:
+        raise BatchInputError(f"concurrency must be at least 1, not {concurrency}")
+    ids = [it.id for it in items]
+    if len(set(ids)) != len(ids):
+        raise BatchInputError("item ids must be unique: " + ", ".join(sorted({i for i in ids if ids.count(i) > 1})))
+    for it in items:
+        if not _ID_RE.fullmatch(it.id) or it.id.lower() in _RESERVED_IDS:
+            raise BatchInputError(f"item id {it.id!r} cannot name a file")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BatchInputError(f"{out_dir}: exists and is not a folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = options or service.config.defaults
+    emit = progress or (lambda _e: None)
+    slots = asyncio.Semaphore(concurrency)
+    total, finished = len(items), 0
+    results: dict[str, ItemResult] = {}
+    started = time.monotonic()
+
+    def finish(result: ItemResult) -> None:
+        nonlocal finished
+        finished += 1
+        results[result.id] = result
+        emit(ItemFinished(result, finished, total))
+
+    async def one(item: BatchItem) -> None:
+        finish(await _process(service, item, out_dir, base, slots, emit))
+
+    try:
+        async with asyncio.TaskGroup() as group:  # an unexpected error cancels the other sessions (marked failed)
+            for it in items:
+                group.create_task(one(it))
+    finally:  # also on Ctrl-C: the index then shows what is finished and what is pending
+        md_path, json_path = write_index(out_dir, items)
+    seconds = time.monotonic() - started
+    ordered = tuple(results[i] for i in ids)
+    done = sum(1 for r in ordered if r.status == "done")
+    return BatchSummary(
+        total=total, done=done, failed=sum(1 for r in ordered if r.status == "failed"),
+        skipped=sum(1 for r in ordered if r.status == "skipped"), seconds=seconds,
+        throughput_per_min=60.0 * done / seconds if done and seconds > 0 else 0.0, concurrency=concurrency,
+        policy_version=service.policy.policy_version, items=ordered, out_dir=out_dir, index_md=md_path,
+        index_json=json_path,
+    )  # fmt: skip
+
+
+async def _process(
+    service: ResearchService, item: BatchItem, out_dir: Path, base: RunOptions, slots: asyncio.Semaphore,
+    emit: BatchProgress,
+) -> ItemResult:
+    record = read_record(out_dir, item)
+    if record is not None and record["status"] == "done":
+        return ItemResult(item.id, "skipped", "done", session_id=record.get("session_id"),
+                          seconds=float(record.get("seconds") or 0.0))
+    try:
+        validate_question(item.question, service.config.max_question_chars)
+    except InputError as exc:  # permanent: recorded once, skipped on reruns while the question is still refused
+        if record is not None and record.get("error_kind") == "input" and record.get("error") == str(exc):
+            return ItemResult(item.id, "skipped", "failed", str(exc), "input")
+        return _fail(out_dir, item, "input", str(exc), None, 0.0)
+    opts = base if item.format is None or item.format == base.format else base.model_copy(
+        update={"format": item.format})
+    async with slots:
+        emit(ItemStarted(item.id, item.question))
+        t0 = time.monotonic()
+        try:
+            outcome = await service.run(item.question, opts)
+        except InputError as exc:
+            return _fail(out_dir, item, "input", str(exc), None, time.monotonic() - t0)
+        except RunFailedError as exc:
+            return _fail(out_dir, item, "run", str(exc), exc.session_id, time.monotonic() - t0)
+        except Exception as exc:  # noqa: BLE001 - a store or policy error before the session existed: this item only
+            return _fail(out_dir, item, "run", f"{type(exc).__name__}: {exc}", None, time.monotonic() - t0)
+    try:
+        _write_done(out_dir, item, outcome, opts)
+    except OSError as exc:
+        return _fail(out_dir, item, "run", f"could not write the report: {exc}", outcome.session_id, outcome.seconds)
+    return ItemResult(item.id, "done", "done", session_id=outcome.session_id, seconds=outcome.seconds)
+
+
+def _fail(out_dir: Path, item: BatchItem, kind: ErrorKind, error: str, sid: str | None, seconds: float) -> ItemResult:
+    try:
+        _write_failure(out_dir, item, kind, error, sid, seconds)
+    except OSError as exc:  # the failure is still reported in this run's summary
+        error = f"{error} (and its record could not be written: {exc})"
+    return ItemResult(item.id, "failed", "failed", error, kind, sid, seconds)
