@@ -38,9 +38,8 @@ def _held_out_judge(settings: Settings, log: SessionLog) -> Any:
     """The gate's judge: never the training judge's rubric buffers; another model when configured (LLM judge)."""
     retrain = settings.learning.retrain
     if settings.learning.judge.base_url:
-        from learning.judge.llm import LLMJudge
-
         from app.container import build_judge_client
+        from learning.judge.llm import LLMJudge
 
         model = retrain.eval_judge_model or settings.learning.judge.model
         gate_settings = settings.model_copy(update={"learning": settings.learning.model_copy(update={
@@ -118,11 +117,15 @@ class RetrainApp:
             raise RuntimeError("training produced no adapter")
         return summary.adapter
 
-    async def probe_for(self, version: PolicyVersion) -> Probe:
-        """A function that researches a probe question with `version` (fresh probe log, no bank)."""
+    def _policy(self) -> Any:
+        """The cycle's own client of the serving backend (probes, adapter loads, sleep/wake), opened once."""
         if self._probe_policy is None:
             self._probe_policy = build_policy(self.settings, self.say)
-        policy = self._probe_policy
+        return self._probe_policy
+
+    async def probe_for(self, version: PolicyVersion) -> Probe:
+        """A function that researches a probe question with `version` (fresh probe log, no bank)."""
+        policy = self._policy()
         await self._serve(policy, version)
         from agent.tools.registry import build_tools
 
@@ -156,9 +159,7 @@ class RetrainApp:
         unloaded after the grace period (old stays loaded for a rollback). Embedded: serving processes load it."""
         if self.settings.agent.policy_backend != "vllm":
             return
-        if self._probe_policy is None:
-            self._probe_policy = build_policy(self.settings, self.say)
-        policy = self._probe_policy
+        policy = self._policy()
         if new.name not in await policy.list_models():
             await policy.load_lora_adapter(new.name, new.adapter_path)
         keep = {new.name, old.name, self.settings.agent.policy_model}
@@ -175,14 +176,12 @@ class RetrainApp:
                 _log.warning("could not unload %s: %s", name, exc)
 
     async def _sleep(self) -> None:
-        if self._probe_policy is None:
-            self._probe_policy = build_policy(self.settings, self.say)
         self.say("one-GPU mode: putting the vLLM server to sleep for training")
-        await self._probe_policy.sleep(level=1)
+        await self._policy().sleep(level=1)
 
     async def _wake(self) -> None:
         self.say("waking the vLLM server")
-        await self._probe_policy.wake_up()
+        await self._policy().wake_up()
 
     async def aclose(self) -> None:
         """Finish pending unloads and close clients."""

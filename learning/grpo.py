@@ -51,7 +51,7 @@ from learning.curriculum import StepBatch, step_batch
 from learning.errors import LearningError
 from learning.judge.types import Judgement, TrajectoryJudge
 from learning.model import LoraSettings, load_trainable, save_adapter, trainable_parameters
-from learning.sequences import TrainSequence, trajectory_stages_and_mask
+from learning.sequences import TrainSequence, has_bad_logprobs, trajectory_stages_and_mask
 from learning.train_config import TrainConfig
 from learning.update import UpdateStats, policy_update
 from store.records import STAGES, Trajectory
@@ -162,19 +162,14 @@ def task_sequences(group: Group, lam: torch.Tensor, credit: str) -> tuple[list[T
     seqs: list[TrainSequence] = []
     bad = 0
     for traj, a in zip(group.trajectories, adv, strict=True):
-        stages, mask, sampled = trajectory_stages_and_mask(traj)
-        if any(m and not math.isfinite(lp) and lp == lp for m, lp in zip(mask, sampled, strict=True)) or any(
-                m and lp != lp and _has_logprobs(traj) for m, lp in zip(mask, sampled, strict=True)):
-            bad += 1  # a sampler reported NaN/inf log-probs for sampled tokens: never train on that rollout
+        if has_bad_logprobs(traj):
+            bad += 1
             continue
+        stages, mask, sampled = trajectory_stages_and_mask(traj)
         tok_adv = token_advantages(torch.tensor(stages, dtype=torch.long), a)  # (T,)
         seqs.append(TrainSequence(traj.prompt.token_ids, traj.token_ids, mask, stages,
                                   tuple(float(x) for x in tok_adv), sampled, "task"))
     return seqs, adv, bad
-
-
-def _has_logprobs(traj: Trajectory) -> bool:
-    return any(t.logprobs for t in traj.turns if t.kind == "sampled")
 
 
 def reflection_sequences(log: SessionLog, batch_ids: Sequence[str]) -> tuple[list[TrainSequence], dict[str, float]]:
@@ -197,7 +192,7 @@ def reflection_sequences(log: SessionLog, batch_ids: Sequence[str]) -> tuple[lis
             lps = c.logprobs if len(c.logprobs) == n else tuple([float("nan")] * n)
             seqs.append(TrainSequence(r.prompt.token_ids, c.token_ids, (trainable,) * n, (0,) * n,
                                       (float(a) * trainable,) * n, lps, "reflection"))
-        rewards_all += [x for x in rewards if x == x]
+        rewards_all += [x for x in rewards if not math.isnan(x)]
     mean_u = sum(rewards_all) / len(rewards_all) if rewards_all else float("nan")
     return seqs, {"reflection/candidates": float(len(seqs)), "reflection/mean_reward": mean_u}
 

@@ -9,12 +9,13 @@ candidate tokens.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from store.records import STAGES, Trajectory
+from store.records import STAGES, Trajectory, Turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +56,24 @@ def trajectory_stages_and_mask(traj: Trajectory) -> tuple[tuple[int, ...], tuple
     mask: list[int] = []
     logprobs: list[float] = []
     for t in traj.turns:
-        trainable = t.trainable and t.token_source != "retokenized"
+        trainable = _trains(t)
         stage = STAGES.index(t.stage) if trainable else -1
         stages += [stage] * len(t.token_ids)
         mask += [1 if trainable else 0] * len(t.token_ids)
         lps = list(t.logprobs) if len(t.logprobs) == len(t.token_ids) else [float("nan")] * len(t.token_ids)
         logprobs += lps
     return tuple(stages), tuple(mask), tuple(logprobs)
+
+
+def _trains(turn: Turn) -> bool:
+    """Whether a turn's tokens get a gradient: sampled, with the sampler's own ids (not re-tokenized text)."""
+    return turn.trainable and turn.token_source != "retokenized"
+
+
+def has_bad_logprobs(traj: Trajectory) -> bool:
+    """Whether the sampler reported a NaN/inf log-prob for a token that would be trained (never train on that)."""
+    return any(_trains(t) and len(t.logprobs) == len(t.token_ids) and not all(math.isfinite(lp) for lp in t.logprobs)
+               for t in traj.turns)
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,6 +106,18 @@ def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
         yield "127.0.0.1", port
 
 
+@pytest.fixture
+def openai_standin() -> Iterator[object]:
+    """A fresh OpenAI-compatible judge stand-in on 127.0.0.1 (empty script, no API key check); closed after the test."""
+    from tests.judge.openai_standin import OpenAIStandIn
+
+    standin = OpenAIStandIn()
+    try:
+        yield standin
+    finally:
+        standin.close()
+
+
 # --- a small real document index, shared by agent, judge and app tests --------------------------------------------
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Reflection test fixtures: a real session log and a real embedded rubric bank in tmp_path, and the judge stand-in."""
+"""Reflection test fixtures: a real session log and a real embedded rubric bank in tmp_path."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from store.config import StoreConfig
 from store.rubric_bank import RubricBank
 from store.session_log import SessionLog
 from tests.judge.builders import QUESTION
-from tests.judge.openai_standin import OpenAIStandIn
 from tests.reflection.helpers import RUBRICS
 
 
@@ -29,13 +28,3 @@ def log(tmp_path: Path) -> Iterator[SessionLog]:
 def bank(tmp_path: Path) -> RubricBank:
     """A fresh embedded rubric bank (Chroma PersistentClient in tmp_path, bundled MiniLM)."""
     return RubricBank(StoreConfig(data_dir=tmp_path / "data"))
-
-
-@pytest.fixture
-def openai_standin() -> Iterator[OpenAIStandIn]:
-    """The judge tests' OpenAI-compatible stand-in server on 127.0.0.1."""
-    standin = OpenAIStandIn()
-    try:
-        yield standin
-    finally:
-        standin.close()
