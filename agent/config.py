@@ -67,6 +67,9 @@ class AgentConfig(BaseModel):
     embedded_adapter_path: Path | None = Field(default=None, description="PEFT LoRA adapter folder to load at start.")
     embedded_dtype: Literal["bfloat16", "float32"] = Field(default="bfloat16")
 
+    attribute_uncited: bool = Field(
+        default=True, description="When an answer cites nothing, match its sentences to the retrieved passages they "
+        "restate (labelled as matched after writing; rewards never use them).")
     max_question_chars: int = Field(default=8000, ge=16, description="Longer questions are refused.")
     defaults: RunOptions = Field(default_factory=RunOptions, description="Default per-run options.")
 

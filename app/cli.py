@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from agent.config import RunOptions
 from agent.errors import AgentError, IngestError, InputError
-from app import cli_bank, cli_batch, cli_loop, cli_train
+from app import cli_bank, cli_batch, cli_loop, cli_train, cli_ui
 from app import events as ev
 from app.container import ConfigurationError
 from app.scheduler import CycleLocked
@@ -316,6 +316,7 @@ def parser() -> argparse.ArgumentParser:
     cli_train.add_parsers(sub)
     cli_loop.add_parsers(sub)
     cli_batch.add_parsers(sub)
+    cli_ui.add_parsers(sub)
     return p
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from agent.tools.registry import build_tools
 from app.service import ResearchService
 from app.settings import Settings
 from store.doc_index import DocIndex, open_index_client
+from store.embeddings import embed_texts
 from store.registry import Registry
 from store.rubric_bank import RubricBank
 from store.session_log import SessionLog
@@ -119,7 +121,8 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
     ensure_corpus(index, say, progress)
     tools = build_tools(settings.agent, index)
     registry = Registry(log)
-    research = ResearchService(policy, tools, log, settings.agent, bank, live=registry)
+    embed = partial(embed_texts, model_name=settings.store.embedding_model) if settings.agent.attribute_uncited else None
+    research = ResearchService(policy, tools, log, settings.agent, bank, live=registry, embed=embed)
     return Services(settings, log, index, tools, policy, research, bank, registry)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from store.records import Snippet
+
 
 @dataclass(frozen=True, slots=True)
 class SessionStarted:
@@ -57,6 +59,25 @@ class SearchDone:
 
 
 @dataclass(frozen=True, slots=True)
+class SourcesFound:
+    """What a finished tool call returned (the UI lists the sources under their search)."""
+
+    tool: str
+    query: str
+    sources: tuple[Snippet, ...]
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnWritten:
+    """A turn was appended to the trajectory: the model's text (sampled) or text the scaffold inserted."""
+
+    stage: str
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Note:
     """Anything else worth showing (research stopped early, a sample dropped, ...)."""
 
@@ -80,7 +101,10 @@ class RunFailed:
     error: str
 
 
-Event = SessionStarted | ReferencesInjected | StageStarted | SearchIssued | SearchDone | Note | AnswerReady | RunFailed
+Event = (
+    SessionStarted | ReferencesInjected | StageStarted | SearchIssued | SearchDone | SourcesFound | TurnWritten | Note
+    | AnswerReady | RunFailed
+)
 
 
 def from_agent(kind: str, data: dict[str, Any]) -> Event:

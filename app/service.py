@@ -8,15 +8,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.config import AgentConfig, RunOptions
 from agent.deps import AgentDeps
-from agent.errors import AgentError
+from agent.errors import AgentError, InputError
 from agent.protocols import PolicyClient, ReflectionBank, SearchTool
-from agent.report import Report
+from agent.report import Embed, Report, attribute_report, report_fields
 from agent.run import execute, render_prompt, validate_question
 from agent.tools.ids import CallIdFactory
 from app import events as ev
@@ -56,9 +56,11 @@ class _SessionRecorder:
 
     def turn(self, turn: Turn) -> None:
         self.log.append_turn(self.session_id, turn)
+        self.sink(ev.TurnWritten(turn.stage, turn.kind, turn.text))
 
     def tool_call(self, call: ToolCallRecord) -> None:
         self.log.append_tool_call(self.session_id, call)
+        self.sink(ev.SourcesFound(call.tool, call.query, call.snippets, call.error))
 
     def event(self, kind: str, data: Mapping[str, Any]) -> None:
         self.sink(ev.from_agent(kind, dict(data)))
@@ -85,6 +87,7 @@ def _metrics(traj: Trajectory, report: Report, seconds: float) -> dict[str, Any]
         "tool_calls": len(traj.tool_calls),
         "tool_errors": sum(1 for c in traj.tool_calls if c.error),
         "unknown_citations": report.unknown_citations,
+        "attributed_references": len(report.references) if report.attributed else 0,
         "references": len(report.references),
         "malformed": traj.malformed,
         "stages": stage_summary(traj),
@@ -117,9 +120,11 @@ class ResearchService:
         config: AgentConfig,
         bank: ReflectionBank | None = None,
         live: LiveVersion | None = None,
+        embed: Embed | None = None,
     ) -> None:
+        """`embed` (texts → normalised vectors) lets an uncited answer get references matched after writing."""
         self.policy, self.tools, self.log, self.config, self.bank = policy, dict(tools), log, config, bank
-        self.live = live
+        self.live, self.embed = live, embed
         self._swap_lock = asyncio.Lock()
 
     async def sync_live(self, sink: EventSink) -> None:
@@ -164,20 +169,45 @@ class ResearchService:
             sink(ev.Note("bank_unavailable", {"error": message}))
             return Retrieval("none")
 
+    async def _attribute(self, report: Report, traj: Trajectory, sink: EventSink) -> Report:
+        """Matched references for an uncited answer; an embedding failure keeps the report as written."""
+        if self.embed is None or report.references:
+            return report
+        try:
+            return await asyncio.to_thread(attribute_report, report, traj, self.embed)
+        except Exception as exc:  # noqa: BLE001 - the answer stands without matched references
+            sink(ev.Note("attribution_failed", {"error": f"{type(exc).__name__}: {exc}"}))
+            return report
+
+    def _tools(self, names: Collection[str] | None) -> dict[str, SearchTool]:
+        if names is None:
+            return self.tools
+        unknown = sorted(set(names) - set(self.tools))
+        if unknown:
+            raise InputError(f"unknown search backend(s) {unknown}; configured: {sorted(self.tools)}")
+        return {name: tool for name, tool in self.tools.items() if name in names}
+
     async def run(
-        self, question: str, options: RunOptions | None = None, on_event: EventSink | None = None
+        self,
+        question: str,
+        options: RunOptions | None = None,
+        on_event: EventSink | None = None,
+        tools: Collection[str] | None = None,
     ) -> ResearchOutcome:
         """Research one question. Bad input raises InputError before anything is written.
 
+        Args:
+            tools: the configured search backends this run may use (None = all); the prompt offers only these.
+
         Raises:
-            InputError: empty or over-long question (nothing written).
+            InputError: empty or over-long question, an unknown backend (nothing written).
             RunFailedError: the run failed after the session was created (session marked failed).
         """
         sink = on_event or (lambda e: None)
         question = validate_question(question, self.config.max_question_chars)
         opts = options or self.config.defaults
         # A seeded run also gets reproducible tool-call ids (they are in the token sequence).
-        deps = AgentDeps(policy=self.policy, tools=self.tools, options=opts, call_ids=CallIdFactory(opts.seed))
+        deps = AgentDeps(policy=self.policy, tools=self._tools(tools), options=opts, call_ids=CallIdFactory(opts.seed))
         started = time.monotonic()
         await self.sync_live(sink)
         try:
@@ -199,12 +229,12 @@ class ResearchService:
                     ev.BankReference(h.item.id, h.item.question, round(h.similarity, 4)) for h in refs.hits)))
             deps.recorder = _SessionRecorder(self.log, sid, sink)
             result = await execute(sid, question, prompt, deps, refs.item_ids)
-            traj, report = result.trajectory, result.report
+            traj, report = result.trajectory, await self._attribute(result.report, result.trajectory, sink)
             seconds = time.monotonic() - started
             self.log.set_flags(
                 sid, malformed=traj.malformed, max_consecutive_tool_errors=traj.max_consecutive_tool_errors
             )
-            metrics = _metrics(traj, report, seconds) | {"bank": {
+            metrics = _metrics(traj, report, seconds) | {"report": report_fields(report), "bank": {
                 "mode": refs.mode, "items": [{"id": h.item.id, "similarity": round(h.similarity, 4)} for h in refs.hits]}}
             self.log.finish(sid, "completed", report=report.markdown, metrics=metrics)
         except BaseException as exc:  # whatever stopped the run (even Ctrl-C), the session is marked failed

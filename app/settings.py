@@ -8,12 +8,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.config import AgentConfig
 from learning.config import LearningConfig
 from store.config import StoreConfig
+
+
+class UIConfig(BaseModel):
+    """Research chat UI settings (env: RUBRICEM_UI__<FIELD>)."""
+
+    host: str = Field(default="127.0.0.1", description="Address `rubricem ui` binds; not loopback needs a login.")
+    port: int = Field(default=8501, ge=1, le=65535, description="Port `rubricem ui` listens on.")
+    password: SecretStr | None = Field(default=None, description="Login password for users (required off loopback "
+                                       "unless OIDC is on).")
+    admin_password: SecretStr | None = Field(default=None, description="Login password that also grants admin "
+                                             "actions (retrain now).")
+    oidc: bool = Field(default=False, description="Log in through Streamlit's built-in OIDC (st.login); needs an "
+                       "[auth] section in .streamlit/secrets.toml.")
+    admin_emails: list[str] = Field(default_factory=list, description="OIDC users (by e-mail) who are admins, as a "
+                                    "JSON list.")
 
 
 class Settings(BaseSettings):
@@ -26,6 +41,7 @@ class Settings(BaseSettings):
     agent: AgentConfig = AgentConfig()
     learning: LearningConfig = LearningConfig()
     store: StoreConfig = StoreConfig()
+    ui: UIConfig = UIConfig()
 
 
 def _env_lines(model: type[BaseModel], prefix: str) -> list[str]:

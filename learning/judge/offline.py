@@ -72,7 +72,12 @@ def checklist_items(trajectory: Trajectory) -> list[str]:
 
     Header-like segments ending in ":" ("Knowledge Checklist:") and fragments of fewer than 3 letters are dropped.
     """
-    body = _block(stage_text(trajectory, "plan"), "rubric", "rubrics")
+    return plan_checklist(stage_text(trajectory, "plan"))
+
+
+def plan_checklist(plan_text: str) -> list[str]:
+    """The checklist items of a plan's `<rubric>` block (see `checklist_items`); [] when there is none."""
+    body = _block(plan_text, "rubric", "rubrics")
     items: list[str] = []
     for line in body.splitlines():
         for part in re.split(r"\s+-\s+|(?<=:)\s*-\s+", line):

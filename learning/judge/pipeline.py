@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from learning.judge.feedback import feedback_rubrics
 from learning.judge.types import Judgement, TrajectoryJudge, Usage
 from store.records import SessionRecord, normalise_question
 from store.session_log import SessionLog
@@ -54,7 +55,9 @@ async def judge_pending(
         summary.groups += 1
         say(f"judging {len(recs)} session(s): {recs[0].question[:80]!r}")
         try:
-            judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs])
+            # Users' notes on earlier answers to this question are extra persistent rubrics (learning/judge/feedback).
+            persistent = feedback_rubrics(log.feedback_for_question(recs[0].question))
+            judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs], persistent=persistent)
             if len(judgements) != len(recs):
                 raise RuntimeError(f"the judge returned {len(judgements)} judgements for {len(recs)} sessions")
         except Exception as exc:  # a judge failure is recorded per session; the batch goes on

@@ -1,0 +1,43 @@
+"""`rubricem ui`: serve the Streamlit research chat (refuses to bind off loopback without a login)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from app.settings import Settings
+from app.ui.auth import access_policy
+
+MAIN = Path(__file__).resolve().parent / "ui" / "main.py"
+
+
+def streamlit_command(host: str, port: int) -> list[str]:
+    """The `streamlit run` command line for the UI (headless, no usage statistics, no file watcher)."""
+    return [sys.executable, "-m", "streamlit", "run", str(MAIN),
+            "--server.address", host, "--server.port", str(port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+            "--client.toolbarMode", "minimal"]
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    """Serve the UI until interrupted."""
+    settings = Settings()
+    host = args.host or settings.ui.host
+    port = args.port or settings.ui.port
+    policy = access_policy(host, settings.ui)  # UIAccessError (a ValueError) before anything starts
+    how = "login: " + ", ".join(policy.methods) if policy.login_required else "open on loopback"
+    print(f"rubricem ui on http://{host}:{port} ({how}); Ctrl-C stops it", file=sys.stderr, flush=True)
+    try:  # the page reads its bind address from Streamlit's server.address, so the login rule follows --host
+        return subprocess.call(streamlit_command(host, port))
+    except KeyboardInterrupt:
+        return 130
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register `ui` on the main parser."""
+    u = sub.add_parser("ui", help="serve the Streamlit research chat (login required off loopback)")
+    u.add_argument("--host", help="bind address (default RUBRICEM_UI__HOST, 127.0.0.1)")
+    u.add_argument("--port", type=int, help="port (default RUBRICEM_UI__PORT, 8501)")
+    u.set_defaults(func=cmd_ui)

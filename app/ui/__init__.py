@@ -1,0 +1,1 @@
+"""The Streamlit research chat (`rubricem ui`): pages draw plain view models; no research logic here."""

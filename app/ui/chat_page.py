@@ -1,0 +1,296 @@
+"""The research chat page: ask, watch Plan → Research → Review → Answer happen, read the cited answer, give feedback,
+export, reopen past sessions and ask follow-ups in the same chat."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import streamlit as st
+
+from agent.config import RunOptions
+from agent.errors import AgentError
+from app.export import doc_from_session, to_html, to_markdown, to_pdf
+from app.service import RunFailedError
+from app.ui import state
+from app.ui.runner import LiveRun
+from app.ui.view import (
+    RunView,
+    bank_explanation,
+    cited_html,
+    follow_up_question,
+    references_html,
+    typed_question,
+)
+from store.errors import StoreError
+from store.threads import ChatThreads
+
+_STATUS_STATE = {"running": "running", "complete": "complete"}
+_CSS = """
+<style>
+a.cite { font-size: 0.8em; vertical-align: super; text-decoration: none; padding: 0 1px; }
+ol.refs { padding-left: 1.2em; } li.ref { margin-bottom: 0.5em; } li.ref:target { background: #fff3bf; }
+</style>
+"""
+
+
+@dataclass
+class Chat:
+    """The conversation on screen: a thread id once it has one, and its sessions in order."""
+
+    thread_id: str | None = None
+    session_ids: list[str] = field(default_factory=list)
+
+
+def _chat() -> Chat:
+    if "chat" not in st.session_state:
+        st.session_state.chat = Chat()
+    return st.session_state.chat
+
+
+# ---- sidebar ------------------------------------------------------------------------------------------------------
+
+
+def _sidebar_history() -> None:
+    svc = state.services()
+    threads = ChatThreads(svc.log)
+    if st.sidebar.button("➕ New chat", use_container_width=True):
+        st.session_state.chat = Chat()
+        st.rerun()
+    st.sidebar.subheader("History")
+    seen: set[str] = set()
+    shown = 0
+    for s in svc.log.list_sessions(limit=60):
+        thread = threads.thread_of(s.session_id)
+        key = thread or s.session_id
+        if key in seen:
+            continue
+        seen.add(key)
+        label = typed_question(s.question)
+        icon = {"completed": "📄", "failed": "⚠️", "running": "🔄"}.get(s.status, "•")
+        if st.sidebar.button(f"{icon} {label[:60]}", key=f"hist_{key}", help=f"{s.created_at[:16]} · {s.status}"):
+            st.session_state.chat = Chat(thread, threads.sessions(thread) if thread else [s.session_id])
+            st.rerun()
+        shown += 1
+        if shown >= 25:
+            break
+    if not shown:
+        st.sidebar.caption("No sessions yet.")
+
+
+def _sidebar_settings() -> tuple[RunOptions, list[str]]:
+    """The run settings: search backends, budgets and output format (defaults from the settings object)."""
+    svc = state.services()
+    defaults = svc.settings.agent.defaults
+    with st.sidebar.expander("⚙️ Research settings", expanded=False):
+        st.caption(f"Corpus: `{svc.settings.store.docs_collection}` · {_corpus_size()} passages")
+        backends = st.multiselect("Search backends", sorted(svc.tools), default=sorted(svc.tools), key="backends")
+        max_calls = st.slider("Max tool calls", 0, 20, min(defaults.max_tool_calls, 20), key="max_calls")
+        answer_tokens = st.slider("Answer tokens", 16, 4096, defaults.token_caps.answer, step=16, key="answer_tok")
+        wall = st.number_input("Time limit (s)", 10, 3600, int(defaults.wall_clock_s), step=10, key="wall")
+        fmt = st.selectbox("Format", ["long_form", "short_form", "exact_answer"],
+                           index=["long_form", "short_form", "exact_answer"].index(defaults.format)
+                           if defaults.format in ("long_form", "short_form", "exact_answer") else 0, key="fmt")
+        inject = st.toggle("Use rubric-bank reflections", value=defaults.inject_bank, key="inject")
+    options = defaults.model_copy(update={
+        "max_tool_calls": max_calls, "wall_clock_s": float(wall), "format": fmt, "inject_bank": inject,
+        "token_caps": defaults.token_caps.model_copy(update={"answer": answer_tokens}),
+    })
+    return RunOptions.model_validate(options.model_dump()), backends
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def _corpus_size_cached(_key: str) -> int:
+    return state.services().index.count()
+
+
+def _corpus_size() -> str:
+    try:
+        return f"{_corpus_size_cached(state.settings().store.docs_collection):,}"
+    except Exception:  # noqa: BLE001 - the count is informational
+        return "?"
+
+
+# ---- drawing ------------------------------------------------------------------------------------------------------
+
+
+def draw_run(view: RunView, live: bool) -> None:
+    """One run: the four stages (each expandable), the bank reflections used, then the cited answer."""
+    who = f"policy `{view.policy_version}`" if view.policy_version else "policy …"
+    st.caption(f"{who} · session `{view.session_id or '…'}`")
+    st.caption("📚 " + bank_explanation(view))
+    if view.bank_items:
+        with st.expander("Reflections used"):
+            for item in view.bank_items:
+                st.markdown(f"- `{item.item_id}` {item.question or ''} (similarity {item.similarity:.2f})")
+    for stage in view.stages.values():
+        if stage.state == "waiting":
+            continue
+        label = stage.title
+        if stage.stage == "research" and stage.searches:
+            label += f" — {len(stage.searches)} search(es)"
+        with st.status(label, state=_STATUS_STATE[stage.state], expanded=live and stage.state == "running"):
+            if stage.stage == "plan" and view.checklist:
+                st.markdown("**Rubric checklist**\n" + "\n".join(f"- [ ] {item}" for item in view.checklist))
+            for search in stage.searches:
+                st.markdown(f"🔎 **{search.tool}**: {search.query}")
+                if search.error:
+                    st.warning(search.error)
+                for s in search.sources[:8]:
+                    where = s.url or s.id
+                    st.caption(f"`{s.id}` {s.title} — {where}")
+            for text in stage.texts[-6:]:
+                st.text(text[:3000])
+    pending = [v.title for v in view.stages.values() if v.state == "waiting"]
+    if pending:
+        st.caption(("Next: " if view.status == "running" else "Not reached: ") + ", ".join(pending))
+    for note in view.notes:
+        st.info(note)
+    if view.status == "failed":
+        st.error(f"The run failed: {view.error}")
+    if view.report is not None:
+        st.markdown(_CSS, unsafe_allow_html=True)
+        st.markdown("**Answer**")
+        st.markdown(cited_html(view.report, view.session_id or "live"), unsafe_allow_html=True)
+        if view.report.references:
+            st.markdown("**References**")
+            if view.report.attributed:
+                st.caption("The model cited no sources: each marked sentence was matched, after writing, to the most "
+                           "similar retrieved passage. Check them before relying on them.")
+            st.markdown(references_html(view.report, view.session_id or "live"), unsafe_allow_html=True)
+        elif not view.report.answer_found:
+            st.warning("The model produced no answer text.")
+
+
+def _draw_feedback(session_id: str) -> None:
+    log = state.services().log
+    given = log.feedback(session_id)
+    with st.expander(f"Feedback{f' ({len(given)} given)' if given else ''}", expanded=False):
+        rating = st.feedback("thumbs", key=f"thumb_{session_id}")
+        note = st.text_area("What was missing or wrong?", key=f"note_{session_id}", max_chars=2000)
+        if st.button("Send feedback", key=f"send_{session_id}"):
+            value = {0: "down", 1: "up"}.get(rating) if rating is not None else None
+            if value is None and not note.strip():
+                st.warning("Choose 👍/👎 or write a note first.")
+            else:
+                try:
+                    log.add_feedback(session_id, value, note)
+                    st.success("Thanks — your feedback is stored with the session; the judge turns notes into "
+                               "extra rubrics for this question.")
+                except (StoreError, ValueError) as exc:
+                    st.error(f"Could not store the feedback: {exc}")
+
+
+def _draw_exports(session_id: str) -> None:
+    try:
+        doc = doc_from_session(state.services().log.get(session_id))
+    except Exception as exc:  # noqa: BLE001 - exporting is optional; say why it is not offered
+        st.caption(f"Export unavailable: {exc}")
+        return
+    cols = st.columns(3)
+    cols[0].download_button("⬇ Markdown", to_markdown(doc), f"{session_id}.md", "text/markdown",
+                            key=f"md_{session_id}")
+    cols[1].download_button("⬇ HTML", to_html(doc), f"{session_id}.html", "text/html", key=f"html_{session_id}")
+    try:
+        cols[2].download_button("⬇ PDF", to_pdf(doc), f"{session_id}.pdf", "application/pdf",
+                                key=f"pdf_{session_id}")
+    except Exception as exc:  # noqa: BLE001 - a PDF failure must not hide the other formats
+        cols[2].caption(f"PDF unavailable: {exc}")
+
+
+def _draw_stored(session_id: str) -> None:
+    try:
+        record = state.services().log.get(session_id)
+    except StoreError as exc:
+        st.error(f"Could not open session {session_id}: {exc}")
+        return
+    with st.chat_message("user"):
+        st.markdown(typed_question(record.question))
+    with st.chat_message("assistant"):
+        view = RunView.from_record(record)
+        draw_run(view, live=False)
+        if record.status == "completed":
+            _draw_exports(session_id)
+            _draw_feedback(session_id)
+
+
+# ---- asking -------------------------------------------------------------------------------------------------------
+
+
+def _earlier(chat: Chat) -> list[tuple[str, str]]:
+    log = state.services().log
+    out = []
+    for sid in chat.session_ids[-2:]:
+        try:
+            rec = log.get(sid)
+        except StoreError:
+            continue
+        if rec.status == "completed":
+            out.append((rec.question, RunView.from_record(rec).report.body if rec.report else ""))  # type: ignore[union-attr]
+    return out
+
+
+def _ask(typed: str, options: RunOptions, backends: list[str]) -> None:
+    svc = state.services()
+    chat = _chat()
+    question = follow_up_question(typed, _earlier(chat), svc.settings.agent.max_question_chars) \
+        if chat.session_ids else typed
+    with st.chat_message("user"):
+        st.markdown(typed)
+    with st.chat_message("assistant"):
+        box = st.empty()
+        view = RunView(question=question)
+        started = time.monotonic()
+        run = LiveRun(svc.research, question, options, backends)
+        with box.container():
+            st.caption("Starting…")
+        for event in run.events():
+            if event is None:
+                continue
+            view.apply(event)
+            with box.container():
+                draw_run(view, live=True)
+                st.caption(f"⏱ {time.monotonic() - started:.0f} s")
+        ended = run.ended
+        assert ended is not None
+        if ended.outcome is not None:
+            _remember(chat, ended.outcome.session_id)
+            st.rerun()
+        error = ended.error
+        if isinstance(error, RunFailedError) and error.session_id:
+            _remember(chat, error.session_id)
+            st.rerun()
+        with box.container():
+            if isinstance(error, AgentError):  # bad input: nothing was written
+                st.error(str(error))
+            else:
+                st.error(f"The run could not start: {type(error).__name__}: {error}")
+
+
+def _remember(chat: Chat, session_id: str) -> None:
+    """Put a finished session in the chat's thread (the thread starts with the chat's first session)."""
+    threads = ChatThreads(state.services().log)
+    if chat.thread_id is None and chat.session_ids:
+        chat.thread_id = threads.thread_of(chat.session_ids[0]) or threads.new_id()
+        for sid in chat.session_ids:
+            if threads.thread_of(sid) is None:
+                threads.add(chat.thread_id, sid)
+    if chat.thread_id is not None:
+        threads.add(chat.thread_id, session_id)
+    chat.session_ids.append(session_id)
+
+
+def page() -> None:
+    """The research chat."""
+    options, backends = _sidebar_settings()
+    _sidebar_history()
+    chat = _chat()
+    if not chat.session_ids:
+        st.title("🔬 rubricem research")
+        st.caption("Ask a question: the agent plans with its own rubric, searches, reviews its evidence against the "
+                   "rubric, then writes a cited answer.")
+    for sid in chat.session_ids:
+        _draw_stored(sid)
+    prompt = "Ask a follow-up" if chat.session_ids else "Ask a research question"
+    if typed := st.chat_input(prompt, max_chars=state.settings().agent.max_question_chars):
+        _ask(typed, options, backends)

@@ -1,0 +1,93 @@
+"""The learning page: policy versions over time, per-stage reward curves, promotion and rejection reasons, bank size,
+retraining cycles, and a "retrain now" button for admins (it starts `rubricem retrain --now` in the background)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from app import dashboard
+from app.ui import state
+
+
+def start_retrain(data_dir: Path) -> Path:
+    """Start one retraining cycle in a separate process (the cycle lock keeps it single); returns its log file."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir / "ui-retrain.log"
+    with log_path.open("ab") as out:
+        subprocess.Popen(  # noqa: S603 - a fixed command line of this application
+            [sys.executable, "-m", "app.cli", "retrain", "--now"], stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)  # same cwd and env: same settings
+    return log_path
+
+
+def _curves(points: list[dashboard.StagePoint], by: str) -> pd.DataFrame:
+    rows = [asdict(c) for c in dashboard.stage_reward_curve(points, by)]  # type: ignore[arg-type]
+    if not rows:
+        return pd.DataFrame()
+    frame = pd.DataFrame(rows)
+    return frame.pivot_table(index="key", columns="stage", values="mean", sort=False)
+
+
+def _retrain_box() -> None:
+    svc = state.services()
+    if st.session_state.get("role") != "admin":
+        st.caption("Retraining is started by admins.")
+        return
+    running = svc.registry.running_cycle()
+    if running is not None:
+        st.info(f"A retraining cycle is running: `{running.cycle_id}` ({running.stage}).")
+    if st.button("🔁 Retrain now", disabled=running is not None, key="retrain_now"):
+        path = start_retrain(svc.settings.store.data_dir)
+        st.success(f"Retraining started in the background; its log is `{path}`. Reload this page to follow it.")
+
+
+def page() -> None:
+    """The learning page."""
+    svc = state.services()
+    st.title("📈 Learning")
+    s = dashboard.summary(svc.registry, svc.log, svc.bank)
+    cols = st.columns(5)
+    cols[0].metric("Live policy", s.live_version)
+    cols[1].metric("Versions (promoted / rejected)", f"{s.versions} ({s.promoted} / {s.rejected})")
+    cols[2].metric("Sessions judged", f"{s.sessions_judged} / {s.sessions_completed}")
+    cols[3].metric("Rubric bank", "unavailable" if s.bank_size is None else f"{s.bank_size:,} reflections")
+    cols[4].metric("Last cycle", s.last_cycle_status or "none")
+    _retrain_box()
+
+    st.subheader("Per-stage reward")
+    by = st.radio("Curve by", ["version", "day"], horizontal=True, key="curve_by")
+    points = dashboard.stage_reward_points(svc.log)
+    frame = _curves(points, by)
+    if frame.empty:
+        st.caption("No judged sessions yet: `rubricem judge` (or a retraining cycle) judges logged sessions.")
+    else:
+        st.line_chart(frame)
+        st.caption(f"Mean judge score per stage over {len(points)} judged session(s).")
+
+    st.subheader("Policy versions")
+    st.dataframe(pd.DataFrame([{
+        "version": v.name, "live": "●" if v.live else "", "status": v.status, "parent": v.parent or "",
+        "held-out score": v.eval_total, "live score": v.eval_live_total, "reason": v.reason or "",
+        "created": v.created_at[:19]} for v in dashboard.version_rows(svc.registry)]), hide_index=True)
+
+    st.subheader("Promotions and rollbacks")
+    history = dashboard.alias_history(svc.registry)
+    st.dataframe(pd.DataFrame([{"when": a.created_at[:19], "action": a.action, "version": a.version,
+                                "previous": a.previous or "", "reason": a.reason} for a in history]),
+                 hide_index=True)
+
+    st.subheader("Retraining cycles")
+    cycles = dashboard.cycle_rows(svc.registry)
+    if not cycles:
+        st.caption("No cycles yet.")
+    else:
+        st.dataframe(pd.DataFrame([{
+            "started": c.started_at[:19], "trigger": c.trigger, "status": c.status, "reached": c.stage_reached,
+            "candidate": c.candidate or "", "new sessions": c.new_sessions, "candidate score": c.candidate_score,
+            "live score": c.live_score, "reason": c.reason or ""} for c in cycles]), hide_index=True)

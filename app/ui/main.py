@@ -1,0 +1,79 @@
+"""Streamlit entry script of `rubricem ui`: the login gate, then the research chat and the learning pages."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app.ui import state
+from app.ui.auth import UIAccessError, access_policy, oidc_role, password_role
+
+
+def _host() -> str:
+    """The address this server is bound to (the `rubricem ui --host` value), else the settings' host."""
+    try:
+        bound = st.get_option("server.address")
+    except Exception:  # noqa: BLE001 - AppTest and old versions may not know the option
+        bound = None
+    return str(bound or state.settings().ui.host)
+
+
+def _login() -> bool:
+    """True when the visitor may go on; otherwise draws the login form."""
+    ui = state.settings().ui
+    try:
+        policy = access_policy(_host(), ui)
+    except UIAccessError as exc:
+        st.error(str(exc))
+        return False
+    if not policy.login_required:
+        st.session_state.role = policy.open_role
+        return True
+    if st.session_state.get("role"):
+        return True
+    if policy.oidc and getattr(st.user, "is_logged_in", False):
+        st.session_state.role = oidc_role(getattr(st.user, "email", None), ui)
+        return True
+    st.title("🔬 rubricem")
+    st.subheader("Log in")
+    if policy.password:
+        with st.form("login"):
+            given = st.text_input("Password", type="password")
+            if st.form_submit_button("Log in"):
+                role = password_role(given, ui)
+                if role is None:
+                    st.error("Wrong password.")
+                else:
+                    st.session_state.role = role
+                    st.rerun()
+    if policy.oidc:
+        st.button("Log in with your identity provider", on_click=st.login)
+    return False
+
+
+def _logout_box() -> None:
+    role = st.session_state.get("role")
+    st.sidebar.caption(f"Signed in as **{role}**")
+    if st.sidebar.button("Log out", key="logout") and role:
+        st.session_state.pop("role", None)
+        if getattr(st.user, "is_logged_in", False):
+            st.logout()
+        st.rerun()
+
+
+def main() -> None:
+    """Draw the app."""
+    st.set_page_config(page_title="rubricem research", page_icon="🔬", layout="wide")
+    if not _login():
+        st.stop()
+    from app.ui import chat_page, learning_page  # after the gate: nothing loads before a login
+
+    if access_policy(_host(), state.settings().ui).login_required:
+        _logout_box()
+    nav = st.navigation([
+        st.Page(chat_page.page, title="Research", icon="🔬", url_path="research", default=True),
+        st.Page(learning_page.page, title="Learning", icon="📈", url_path="learning"),
+    ])
+    nav.run()
+
+
+main()

@@ -1,0 +1,259 @@
+"""What the research chat shows for one run, built from the service's typed events (live) or a stored session.
+
+Plain Python, no Streamlit: the page only draws a `RunView`. The same view comes from events while the run is going
+and from the SessionRecord when a past session is reopened, so both look the same.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agent import parse
+from agent.report import Report, stored_report
+from app import events as ev
+from learning.judge.offline import plan_checklist
+from store.records import STAGES, SessionRecord, Snippet
+
+STAGE_TITLES = {"plan": "Plan", "research": "Research", "review": "Review", "answer": "Answer"}
+StageState = Literal["waiting", "running", "complete"]
+_MARKER = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
+_SAFE_URL = re.compile(r"^https?://", re.IGNORECASE)
+
+
+@dataclass
+class SearchView:
+    """One tool call: its query, then the sources it returned (or its error)."""
+
+    tool: str
+    query: str
+    sources: tuple[Snippet, ...] = ()
+    error: str | None = None
+    done: bool = False
+
+
+@dataclass
+class StageView:
+    """One stage of the scaffold as the user sees it."""
+
+    stage: str
+    state: StageState = "waiting"
+    texts: list[str] = field(default_factory=list)  # the model's turns in this stage, tags stripped
+    searches: list[SearchView] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return STAGE_TITLES.get(self.stage, self.stage)
+
+
+@dataclass
+class RunView:
+    """Everything the chat shows about one research run."""
+
+    question: str
+    session_id: str | None = None
+    policy_version: str | None = None
+    status: Literal["running", "completed", "failed"] = "running"
+    stages: dict[str, StageView] = field(default_factory=lambda: {s: StageView(s) for s in STAGES})
+    checklist: list[str] = field(default_factory=list)  # the agent's own rubric, from its plan
+    bank_mode: str | None = None  # "within" (this question's earlier reflection) or "cross" (similar questions)
+    bank_items: list[ev.BankReference] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    report: Report | None = None
+    error: str | None = None
+    _plan_text: str = ""
+
+    # ---- live -------------------------------------------------------------------------------------------------
+
+    def apply(self, e: ev.Event) -> None:
+        """Fold one event into the view."""
+        match e:
+            case ev.SessionStarted(session_id=sid, policy_version=version):
+                self.session_id, self.policy_version = sid, version
+            case ev.ReferencesInjected(mode=mode, items=items):
+                self.bank_mode, self.bank_items = mode, list(items)
+            case ev.StageStarted(stage=stage):
+                self._enter(stage)
+            case ev.SearchIssued(tool=tool, query=query):
+                self._enter("research")
+                self.stages["research"].searches.append(SearchView(tool, query))
+            case ev.SourcesFound(tool=tool, query=query, sources=sources, error=error):
+                self._found(tool, query, sources, error)
+            case ev.TurnWritten(stage=stage, kind=kind, text=text):
+                self._turn(stage, kind, text)
+            case ev.Note(kind=kind, data=data):
+                if text := _note_text(kind, data):
+                    self.notes.append(text)
+            case ev.RunFailed(session_id=sid, error=error):
+                self.session_id = self.session_id or sid
+                self.status, self.error = "failed", error
+                self._finish_stages()
+            case _:
+                pass
+
+    def complete(self, report: Report) -> None:
+        """The run finished with this report."""
+        self.report = report
+        self.status = "completed"
+        self._finish_stages()
+
+    def _enter(self, stage: str) -> None:
+        if stage not in self.stages:
+            return
+        for name in STAGES[: STAGES.index(stage)]:
+            if self.stages[name].state != "waiting":
+                self.stages[name].state = "complete"
+        self.stages[stage].state = "running"
+
+    def _finish_stages(self) -> None:
+        for view in self.stages.values():
+            if view.state == "running":
+                view.state = "complete"
+
+    def _found(self, tool: str, query: str, sources: tuple[Snippet, ...], error: str | None) -> None:
+        searches = self.stages["research"].searches
+        pending = next((s for s in reversed(searches) if not s.done and s.tool == tool and s.query == query), None)
+        if pending is None:
+            pending = SearchView(tool, query)
+            searches.append(pending)
+        pending.sources, pending.error, pending.done = sources, error, True
+
+    def _turn(self, stage: str, kind: str, text: str) -> None:
+        if stage not in self.stages or kind == "tool_output":  # tool output is shown as sources, not as text
+            return
+        if self.stages[stage].state == "waiting":
+            self._enter(stage)
+        shown = readable(text)
+        if shown:
+            self.stages[stage].texts.append(shown)
+        if stage == "plan":
+            self._plan_text += text
+            self.checklist = plan_checklist(self._plan_text)
+
+    # ---- stored -----------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_record(cls, record: SessionRecord) -> RunView:
+        """The view of a stored session (completed, failed or still running)."""
+        view = cls(question=record.question, session_id=record.session_id, policy_version=record.policy_version)
+        traj = record.trajectory
+        calls = iter(traj.tool_calls)
+        for turn in traj.turns:
+            view._turn(turn.stage, turn.kind, turn.text)
+            if turn.kind == "tool_output" and (call := next(calls, None)) is not None:
+                view.stages["research"].searches.append(
+                    SearchView(call.tool, call.query, call.snippets, call.error, done=True))
+        for call in calls:  # calls without a recorded tool turn (a crash in between)
+            view.stages["research"].searches.append(SearchView(call.tool, call.query, call.snippets, call.error, True))
+        bank = record.metrics.get("bank") if isinstance(record.metrics, dict) else None
+        if isinstance(bank, dict) and bank.get("items"):
+            view.bank_mode = str(bank.get("mode"))
+            view.bank_items = [ev.BankReference(str(i.get("id")), "", float(i.get("similarity", 0.0)))
+                               for i in bank["items"] if isinstance(i, dict)]
+        if record.status == "completed":
+            view.complete(stored_report(record))
+        elif record.status == "failed":
+            view.status, view.error = "failed", record.error or "the run failed"
+            view._finish_stages()
+        return view
+
+
+def readable(text: str) -> str:
+    """A turn's text for people: <think> dropped, tags removed, tool-call markup shown as plain text."""
+    return " ".join(parse.strip_tags(parse.strip_think(text)).split()) if text.strip() else ""
+
+
+def _note_text(kind: str, data: dict[str, object]) -> str:
+    match kind:
+        case "research_stopped":
+            return f"Research stopped ({data.get('reason')}) after {data.get('tool_calls')} tool calls."
+        case "dropped":
+            return f"A {data.get('stage')} sample was dropped: {data.get('reason')}."
+        case "bank_unavailable":
+            return f"The rubric bank was unavailable; researched without references ({data.get('error')})."
+        case "policy_swapped":
+            return f"Now serving policy version {data.get('version')}."
+        case "policy_swap_failed":
+            return f"Could not switch to the newest policy version: {data.get('error')}."
+        case _:
+            return ""
+
+
+def bank_explanation(view: RunView) -> str:
+    """Why reflections were used, in one sentence."""
+    if not view.bank_items:
+        return "No reflections from the rubric bank were used."
+    if view.bank_mode == "within":
+        return "Used the reflection from an earlier attempt at this same question (within-episode)."
+    return f"Used reflections from {len(view.bank_items)} similar earlier question(s) (cross-episode)."
+
+
+# ---- citations ----------------------------------------------------------------------------------------------------
+
+
+def anchor(session_id: str, number: int) -> str:
+    """The HTML id of reference `number` of a session (unique on a page showing several answers)."""
+    return f"ref-{re.sub(r'[^A-Za-z0-9_-]', '', session_id)}-{number}"
+
+
+def cited_html(report: Report, session_id: str) -> str:
+    """The answer as safe HTML: the model's text escaped, [n] markers turned into links to the references panel."""
+    n_refs = len(report.references)
+
+    def link(match: re.Match[str]) -> str:
+        parts = []
+        for raw in match.group(1).split(","):
+            n = int(raw)
+            if 1 <= n <= n_refs:
+                parts.append(f'<a class="cite" href="#{anchor(session_id, n)}" title="source {n}">{n}</a>')
+            else:
+                parts.append(str(n))
+        return "[" + ", ".join(parts) + "]"
+
+    paragraphs = [p for p in re.split(r"\n\s*\n", report.body) if p.strip()]
+    return "\n".join(
+        "<p>" + _MARKER.sub(link, html.escape(p)).replace("\n", "<br>") + "</p>" for p in paragraphs
+    )
+
+
+def references_html(report: Report, session_id: str) -> str:
+    """The references panel: number, title, link (http/https only) or document id, and the snippet, escaped."""
+    items = []
+    for n, s in enumerate(report.references, 1):
+        title = html.escape(" ".join(s.title.split()) or s.id)
+        where = (f'<a href="{html.escape(s.url, quote=True)}" target="_blank" rel="noopener noreferrer">'
+                 f"{html.escape(s.url)}</a>" if _SAFE_URL.match(s.url) else f"<code>{html.escape(s.url or s.id)}</code>")
+        snippet = html.escape(" ".join(s.text.split())[:600])
+        items.append(f'<li id="{anchor(session_id, n)}" class="ref"><b>[{n}] {title}</b> · {where} '
+                     f"<small>({html.escape(s.tool)})</small><br><small>{snippet}</small></li>")
+    return '<ol class="refs">' + "".join(items) + "</ol>" if items else ""
+
+
+# ---- follow-ups ---------------------------------------------------------------------------------------------------
+
+FOLLOW_UP_MARK = "\n\n---\nEarlier in this chat:"
+_EARLIER_ANSWER_CHARS = 600
+
+
+def follow_up_question(typed: str, earlier: list[tuple[str, str]], max_chars: int) -> str:
+    """The question researched for a follow-up: what the user typed, then the last two exchanges as context.
+
+    A follow-up is a session of its own (judged and learned from like any other), so its question must stand
+    alone; the context goes after a marker so `typed_question` can show the user's words. The answers are cut to
+    600 characters and the oldest context is dropped first to stay within `max_chars`.
+    """
+    typed = typed.strip()
+    blocks = [f"Q: {typed_question(q)}\nA: {' '.join(a.split())[:_EARLIER_ANSWER_CHARS]}" for q, a in earlier[-2:]]
+    while blocks:
+        text = typed + FOLLOW_UP_MARK + "\n" + "\n\n".join(blocks)
+        if len(text) <= max_chars:
+            return text
+        blocks.pop(0)
+    return typed
+
+
+def typed_question(question: str) -> str:
+    """What the user typed (a follow-up's context removed)."""
+    return question.split(FOLLOW_UP_MARK, 1)[0]

@@ -1,0 +1,153 @@
+"""The research chat and learning pages through Streamlit's AppTest, on real services: the embedded SmolLM2 policy,
+a real Chroma index and bank, a real SQLite session log. The smallest token caps that finish a run keep each question
+to a few seconds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+from streamlit.testing.v1 import AppTest
+
+from agent.config import AgentConfig, RunOptions, StageTokenCaps
+from app.container import Services, open_bank
+from app.service import ResearchService
+from app.settings import Settings, UIConfig
+from app.ui import state
+from app.ui.view import FOLLOW_UP_MARK
+from store.config import StoreConfig
+from store.embeddings import embed_texts
+from store.registry import Registry
+from store.session_log import SessionLog
+from store.threads import ChatThreads
+
+MAIN = str(Path(__file__).resolve().parents[2] / "app" / "ui" / "main.py")
+TIMEOUT = 300
+
+
+def _services(tmp_path: Path, policy: object, tools: dict[str, object], index: object, ui: UIConfig) -> Services:
+    caps = StageTokenCaps(plan=16, research=24, review=16, answer=24)
+    settings = Settings(
+        agent=AgentConfig(defaults=RunOptions(token_caps=caps, max_tool_calls=1, seed=7)),
+        store=StoreConfig(data_dir=tmp_path / "data"),
+        ui=ui,
+    )
+    settings.store.data_dir.mkdir(parents=True)
+    log = SessionLog(settings.store.sqlite_path)
+    bank = open_bank(settings)
+    research = ResearchService(policy, tools, log, settings.agent, bank, embed=embed_texts)  # type: ignore[arg-type]
+    return Services(settings, log, index, tools, policy, research, bank, Registry(log))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def make_services(tmp_path: Path, embedded_policy: object, local_tools: dict[str, object],
+                  small_index: object) -> Iterator[object]:
+    def make(ui: UIConfig | None = None) -> Services:
+        svc = _services(tmp_path, embedded_policy, local_tools, small_index, ui or UIConfig())
+        state.use(svc)
+        return svc
+
+    yield make
+    state.use(None)
+
+
+def _ask(at: AppTest, question: str) -> AppTest:
+    at.chat_input[0].set_value(question).run(timeout=TIMEOUT)
+    assert not at.exception, at.exception
+    return at
+
+
+@pytest.mark.slow
+def test_ask_follow_up_feedback_and_history(make_services: object) -> None:
+    svc: Services = make_services()  # type: ignore[operator]
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    assert not at.exception
+    assert any("rubricem research" in t.value for t in at.title)
+
+    _ask(at, "Who was Haymo of Faversham?")
+    (first,) = svc.log.list_sessions()
+    assert first.status == "completed"
+    labels = [s.label for s in at.status]
+    assert [label.split(" — ")[0] for label in labels] == ["Plan", "Research", "Review", "Answer"], labels
+    assert all(s.state == "complete" for s in at.status)
+    assert any(f"session `{first.session_id}`" in c.value for c in at.caption)
+    assert any("**Answer**" in m.value for m in at.markdown)
+    assert {b.label for b in at.download_button} == {"⬇ Markdown", "⬇ HTML", "⬇ PDF"}
+
+    # feedback: a thumb and a note, stored with the session
+    at.feedback(key=f"thumb_{first.session_id}").set_value(0)
+    at.text_area(key=f"note_{first.session_id}").input("It never says when he lived.")
+    at.button(key=f"send_{first.session_id}").click().run(timeout=TIMEOUT)
+    (fb,) = svc.log.feedback(first.session_id)
+    assert (fb.rating, fb.note) == ("down", "It never says when he lived.")
+    assert any("feedback is stored" in s.value for s in at.success)
+
+    # a follow-up is its own session, researched with the earlier exchange as context, in the same thread
+    _ask(at, "Which order did he belong to?")
+    sessions = svc.log.list_sessions()
+    assert len(sessions) == 2
+    follow = next(s for s in sessions if s.session_id != first.session_id)
+    record = svc.log.get(follow.session_id)
+    assert record.question.startswith("Which order did he belong to?" + FOLLOW_UP_MARK)
+    assert "Q: Who was Haymo of Faversham?" in record.question
+    threads = ChatThreads(svc.log)
+    thread = threads.thread_of(first.session_id)
+    assert thread is not None and threads.sessions(thread) == [first.session_id, follow.session_id]
+    assert [m.markdown[0].value for m in at.chat_message if m.name == "user"] == [
+        "Who was Haymo of Faversham?", "Which order did he belong to?"]
+
+    # history: a fresh visitor reopens the whole thread from the sidebar
+    again = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    again.sidebar.button(key=f"hist_{thread}").click().run(timeout=TIMEOUT)
+    assert not again.exception
+    assert len([m for m in again.chat_message if m.name == "user"]) == 2
+    assert again.chat_input[0].placeholder == "Ask a follow-up"
+
+
+def test_budgets_and_backends_come_from_the_sidebar(make_services: object) -> None:
+    make_services()  # type: ignore[operator]
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    assert at.sidebar.multiselect(key="backends").value == ["local_search"]
+    assert at.sidebar.slider(key="max_calls").value == 1
+    assert at.sidebar.selectbox(key="fmt").value == "long_form"
+    assert any("No sessions yet." in c.value for c in at.sidebar.caption)
+
+
+def test_exposed_ui_requires_the_password_and_roles_gate_retraining(make_services: object) -> None:
+    make_services(UIConfig(host="0.0.0.0", password=SecretStr("user-pw"),  # type: ignore[operator]
+                           admin_password=SecretStr("admin-pw")))
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    assert [s.value for s in at.subheader] == ["Log in"] and not at.chat_input
+    at.text_input[0].input("guess")
+    at.button[0].click().run()
+    assert any("Wrong password" in e.value for e in at.error) and not at.chat_input
+    at.text_input[0].input("user-pw")
+    at.button[0].click().run()
+    assert at.session_state["role"] == "user" and at.chat_input
+    assert "user-pw" not in repr(at.session_state)  # only the role is kept
+
+    learning = AppTest.from_function(_learning_script, default_timeout=TIMEOUT)
+    learning.session_state["role"] = "user"
+    learning.run()
+    assert not learning.exception
+    assert not [b for b in learning.button if b.key == "retrain_now"]
+    learning.session_state["role"] = "admin"
+    learning.run()
+    assert [b.label for b in learning.button if b.key == "retrain_now"] == ["🔁 Retrain now"]
+    assert [m.label for m in learning.metric][0] == "Live policy"
+    assert learning.metric[0].value == "base"
+
+
+def test_exposed_ui_without_a_login_refuses_to_serve(make_services: object) -> None:
+    make_services(UIConfig(host="0.0.0.0"))  # type: ignore[operator]
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    assert any("refusing to serve the UI on 0.0.0.0" in e.value for e in at.error)
+    assert not at.chat_input and not at.text_input
+
+
+def _learning_script() -> None:
+    from app.ui import learning_page
+
+    learning_page.page()
