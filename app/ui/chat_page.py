@@ -29,7 +29,7 @@ _STATUS_STATE = {"running": "running", "complete": "complete"}
 _CSS = """
 <style>
 a.cite { font-size: 0.8em; vertical-align: super; text-decoration: none; padding: 0 1px; }
-ol.refs { padding-left: 1.2em; } li.ref { margin-bottom: 0.5em; } li.ref:target { background: #fff3bf; }
+ol.refs { list-style: none; padding-left: 0; } li.ref { margin-bottom: 0.5em; } li.ref:target { background: #fff3bf; }
 </style>
 """
 
