@@ -69,8 +69,8 @@ def _markdown(traj: Trajectory, body: str, refs: tuple[Snippet, ...], attributed
     if refs:
         lines += ["## References", ""]
         if attributed:
-            lines += ["_The model cited no sources. Each marked sentence was matched, after writing, to the most "
-                      "similar retrieved passage; check them before relying on them._", ""]
+            lines += [("_The model cited no sources. Each marked sentence was matched, after writing, to the most "
+                      "similar retrieved passage; check them before relying on them._"), ""]
         lines += [*(_ref_line(f"{i}.", s) for i, s in enumerate(refs, 1)), ""]
     elif known:
         # Nothing was cited in the text (common with very small models): still show what the answer rests on,

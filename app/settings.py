@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.config import AgentConfig
@@ -29,6 +29,15 @@ class UIConfig(BaseModel):
                        "[auth] section in .streamlit/secrets.toml.")
     admin_emails: list[str] = Field(default_factory=list, description="OIDC users (by e-mail) who are admins, as a "
                                     "JSON list.")
+
+    @field_validator("password", "admin_password", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """An empty password (e.g. `RUBRICEM_UI__ADMIN_PASSWORD=` from compose) means none, never "log in with ''"."""
+        if value is None or (isinstance(value, str | SecretStr) and not str(
+                value.get_secret_value() if isinstance(value, SecretStr) else value).strip()):
+            return None
+        return value
 
 
 class Settings(BaseSettings):

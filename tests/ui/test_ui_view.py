@@ -1,0 +1,110 @@
+"""The chat's view model: events fold into the same view a stored session gives; citations become safe links."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from agent.report import build_report
+from app import events as ev
+from app.ui.view import (
+    FOLLOW_UP_MARK,
+    RunView,
+    anchor,
+    bank_explanation,
+    cited_html,
+    follow_up_question,
+    references_html,
+    typed_question,
+)
+from store.records import SessionRecord, Snippet
+from tests.judge.builders import PLAN, trajectory
+
+
+def _events_of(traj) -> list[ev.Event]:  # type: ignore[no-untyped-def]
+    """The events a live run of `traj` emits, in order (as app.service's recorder sends them)."""
+    out: list[ev.Event] = [ev.SessionStarted("s1", "policy@2")]
+    calls = iter(traj.tool_calls)
+    for turn in traj.turns:
+        if turn.kind == "tool_output":
+            call = next(calls)
+            out += [ev.SearchIssued(call.tool, call.query),
+                    ev.SourcesFound(call.tool, call.query, call.snippets, call.error)]
+        else:
+            out.append(ev.StageStarted(turn.stage))
+        out.append(ev.TurnWritten(turn.stage, turn.kind, turn.text))
+    return out
+
+
+def test_live_events_and_the_stored_session_give_the_same_view() -> None:
+    traj = trajectory()
+    live = RunView(question=traj.question)
+    for e in _events_of(traj):
+        live.apply(e)
+    assert live.stages["answer"].state == "running" and live.stages["plan"].state == "complete"
+    live.complete(build_report(traj))
+    record = SessionRecord(session_id="s1", question=traj.question, status="completed", created_at="t",
+                           finished_at="t", policy_version="policy@2", options={}, trajectory=traj,
+                           report=build_report(traj).markdown)
+    stored = RunView.from_record(record)
+    for view in (live, stored):
+        assert view.status == "completed" and view.policy_version == "policy@2"
+        assert all(s.state == "complete" for s in view.stages.values())
+        assert view.checklist == ["the language books were translated into", "the period Haymo lived in"]
+        (search,) = view.stages["research"].searches
+        assert search.done and search.query == "Haymo of Faversham translation" and len(search.sources) == 1
+        assert view.report is not None and view.report.body == "Books were translated into Latin [1]."
+        assert not any("<" in t for t in view.stages["plan"].texts)  # tags are not shown as text
+    assert live.stages["plan"].texts == stored.stages["plan"].texts
+
+
+def test_a_failed_run_shows_its_error_and_unreached_stages_stay_waiting() -> None:
+    view = RunView(question="q")
+    view.apply(ev.SessionStarted("s9", "base"))
+    view.apply(ev.StageStarted("plan"))
+    view.apply(ev.TurnWritten("plan", "sampled", PLAN))
+    view.apply(ev.Note("research_stopped", {"reason": "budget", "tool_calls": 0}))
+    view.apply(ev.RunFailed("s9", "RuntimeError: the policy server went away"))
+    assert view.status == "failed" and "went away" in (view.error or "")
+    assert view.stages["plan"].state == "complete" and view.stages["answer"].state == "waiting"
+    assert view.notes == ["Research stopped (budget) after 0 tool calls."]
+
+
+def test_tool_errors_and_bank_use_are_shown() -> None:
+    traj = trajectory(tool_error="HTTP 503 from the search backend")
+    view = RunView(question=traj.question)
+    for e in _events_of(traj):
+        view.apply(e)
+    (search,) = view.stages["research"].searches
+    assert search.error == "HTTP 503 from the search backend" and search.sources == ()
+    assert bank_explanation(view) == "No reflections from the rubric bank were used."
+    view.apply(ev.ReferencesInjected("cross", (ev.BankReference("b1", "a similar question", 0.71),
+                                               ev.BankReference("b2", "another", 0.55))))
+    assert "2 similar earlier question(s) (cross-episode)" in bank_explanation(view)
+    view.apply(ev.ReferencesInjected("within", (ev.BankReference("b3", traj.question, 1.0),)))
+    assert "same question (within-episode)" in bank_explanation(view)
+
+
+def test_citations_link_to_the_references_and_model_text_is_escaped() -> None:
+    report = build_report(trajectory(answer='<b>Bold</b> <script>alert(1)</script> Latin '
+                                            '<cite id="abcd0001-0">it was Latin</cite>. See [7].'))
+    body = cited_html(report, "sess/1")
+    assert f'<a class="cite" href="#{anchor("sess/1", 1)}"' in body and anchor("sess/1", 1) == "ref-sess1-1"
+    assert "<script>" not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body and "<b>" not in body
+    assert "[7]" in body and 'href="#ref-sess1-7"' not in body  # a number with no reference is not a link
+    refs = references_html(replace(report, references=(
+        Snippet("x-0", "web", "A <i>title</i>", "text", "javascript:alert(1)"),
+        Snippet("x-1", "web", "Safe", "text", "https://example.org/a?b=1&c=2"))), "s")
+    assert 'href="javascript' not in refs and "&lt;i&gt;" in refs
+    assert 'href="https://example.org/a?b=1&amp;c=2"' in refs and 'id="ref-s-2"' in refs
+
+
+def test_follow_up_questions_carry_context_within_the_limit() -> None:
+    earlier = [("Who was Haymo?", "An English Franciscan. " * 100), ("When did he die?", "In 1244.")]
+    q = follow_up_question("Where did he study?", earlier, max_chars=8000)
+    assert q.startswith("Where did he study?" + FOLLOW_UP_MARK)
+    assert "Q: Who was Haymo?" in q and "A: In 1244." in q and len(q) < 8000
+    assert typed_question(q) == "Where did he study?"
+    short = follow_up_question("Where did he study?", earlier, max_chars=len("Where did he study?") + 60)
+    assert short == "Where did he study?" + FOLLOW_UP_MARK + "\nQ: When did he die?\nA: In 1244."
+    assert follow_up_question("Where?", earlier, max_chars=10) == "Where?"
+    assert typed_question("plain question") == "plain question"
