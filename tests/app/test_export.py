@@ -11,7 +11,6 @@ from pathlib import Path
 import pypdf
 import pytest
 
-from agent.report import build_report
 from app.export import (
     ExportDoc,
     ExportError,
@@ -22,9 +21,9 @@ from app.export import (
     to_markdown,
     to_pdf,
 )
-from store.records import PromptRecord, Snippet, Trajectory
+from store.records import Snippet, Trajectory
 from store.session_log import SessionLog
-from tests.judge.builders import QUESTION, trajectory
+from tests.judge.builders import QUESTION, store_session, trajectory
 
 HOSTILE = (
     "Zürich — 東京 was **central** [1][2], unlike [3] and `code [1]`.\n\n"
@@ -47,17 +46,7 @@ def doc(body: str = HOSTILE, refs: tuple[Snippet, ...] = REFS, title: str = "Whe
 
 
 def store(log: SessionLog, t: Trajectory, status: str = "completed", report: str | None = "auto") -> str:
-    sid = log.create_session(t.question, PromptRecord(t.prompt.text, t.prompt.token_ids, "p"), {}, "policy@2",
-                             session_id=t.session_id)
-    calls = iter(t.tool_calls)
-    for turn in t.turns:
-        log.append_turn(sid, turn)
-        if turn.kind == "tool_output":
-            log.append_tool_call(sid, next(calls))
-    if status != "running":
-        text = build_report(t).markdown if report == "auto" else report
-        log.finish(sid, status, report=text)  # type: ignore[arg-type]
-    return sid
+    return store_session(log, t, status, report)
 
 
 class Parsed(HTMLParser):

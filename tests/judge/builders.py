@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from agent.report import build_report
 from store.records import PromptRecord, Snippet, ToolCallRecord, Trajectory, Turn
+from store.session_log import SessionLog
 
 QUESTION = "In which language were books translated in Haymo of Faversham's era?"
 
@@ -63,3 +65,19 @@ def trajectory(
         tool_calls=tuple(calls),
         malformed=malformed,
     )
+
+
+def store_session(log: SessionLog, t: Trajectory, status: str = "completed", report: str | None = "auto",
+                  policy_version: str = "policy@2") -> str:
+    """Write a built trajectory into the log turn by turn (tool calls beside their outputs) and finish it;
+    report "auto" stores the report `build_report` renders."""
+    sid = log.create_session(t.question, PromptRecord(t.prompt.text, t.prompt.token_ids, "p"), {}, policy_version,
+                             session_id=t.session_id)
+    calls = iter(t.tool_calls)
+    for turn in t.turns:
+        log.append_turn(sid, turn)
+        if turn.kind == "tool_output":
+            log.append_tool_call(sid, next(calls))
+    if status != "running":
+        log.finish(sid, status, report=build_report(t).markdown if report == "auto" else report)  # type: ignore[arg-type]
+    return sid

@@ -15,9 +15,9 @@ from learning.judge.feedback import (
 )
 from learning.judge.offline import OfflineJudge
 from learning.judge.pipeline import judge_pending
-from store.records import PromptRecord, Trajectory, question_sha
+from store.records import Trajectory, question_sha
 from store.session_log import FeedbackRecord, SessionLog
-from tests.judge.builders import QUESTION, trajectory
+from tests.judge.builders import QUESTION, store_session, trajectory
 
 
 def fb(note: str, rating: str | None = "down", n: int = 1) -> FeedbackRecord:
@@ -75,15 +75,7 @@ def test_many_notes_keep_the_newest() -> None:
 
 def store(log: SessionLog, t: Trajectory) -> str:
     """Write a built trajectory into the log as a completed session."""
-    sid = log.create_session(t.question, PromptRecord(t.prompt.text, t.prompt.token_ids, "p"), {}, "policy@1",
-                             session_id=t.session_id)
-    calls = iter(t.tool_calls)
-    for turn in t.turns:
-        log.append_turn(sid, turn)
-        if turn.kind == "tool_output":
-            log.append_tool_call(sid, next(calls))
-    log.finish(sid, "completed", report="# report")
-    return sid
+    return store_session(log, t, report="# report", policy_version="policy@1")
 
 
 LATIN = 'Books were translated into <cite id="abcd0001-0">Latin</cite>.'
