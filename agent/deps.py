@@ -32,13 +32,13 @@ class RunRecorder(Protocol):
 class NullRecorder:
     """A recorder that keeps nothing (runs whose turns are only needed in the returned trajectory)."""
 
-    def turn(self, turn: Turn) -> None:  # noqa: D102
+    def turn(self, turn: Turn) -> None:
         pass
 
-    def tool_call(self, call: ToolCallRecord) -> None:  # noqa: D102
+    def tool_call(self, call: ToolCallRecord) -> None:
         pass
 
-    def event(self, kind: str, data: Mapping[str, Any]) -> None:  # noqa: D102
+    def event(self, kind: str, data: Mapping[str, Any]) -> None:
         pass
 
 

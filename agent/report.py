@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from agent import parse
+from agent.followup import typed_question
 from store.records import SessionRecord, Snippet, Trajectory
 
 Embed = Callable[[Sequence[str]], Sequence[Sequence[float]]]
@@ -64,7 +65,7 @@ def build_report(traj: Trajectory) -> Report:
 
 
 def _markdown(traj: Trajectory, body: str, refs: tuple[Snippet, ...], attributed: bool) -> str:
-    lines = [f"# {_one_line(traj.question)}", "", body, ""]
+    lines = [f"# {_one_line(typed_question(traj.question))}", "", body, ""]
     known = traj.snippets
     if refs:
         lines += ["## References", ""]
@@ -128,8 +129,9 @@ def stored_report(record: SessionRecord) -> Report:
     """The report of a stored session: as kept in its metrics, else rebuilt from the trajectory (older sessions)."""
     kept = record.metrics.get("report") if isinstance(record.metrics, Mapping) else None
     known = record.trajectory.snippets
-    if isinstance(kept, Mapping) and all(isinstance(i, str) and i in known for i in kept.get("references", ())):
-        return Report(record.report or "", str(kept.get("body", "")), tuple(known[i] for i in kept["references"]),
+    refs = kept.get("references") if isinstance(kept, Mapping) else None
+    if isinstance(kept, Mapping) and isinstance(refs, list) and all(isinstance(i, str) and i in known for i in refs):
+        return Report(record.report or "", str(kept.get("body", "")), tuple(known[i] for i in refs),
                       int(kept.get("unknown_citations", 0)), bool(kept.get("answer_found", True)),
                       bool(kept.get("attributed", False)))
     return build_report(record.trajectory)

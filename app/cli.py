@@ -231,6 +231,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("eval-runs") / args.bench
     options = _run_options(settings, args).model_copy(update={"inject_bank": args.inject_bank})
     judge = build_judge_client(settings) if settings.learning.judge.base_url else None
+    # Benchmarks grade the model's own citations: references matched after writing (a reading aid in the UI and
+    # the reports) would lift citation scores for citations the model never wrote.
+    settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={"attribute_uncited": False})})
     services = build(settings, say=progress.say, progress=progress.bar)
 
     def tick(done: int, total: int, item_id: str) -> None:

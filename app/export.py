@@ -20,6 +20,7 @@ from markdown_it.rules_core import StateCore
 from markdown_it.token import Token
 from markdown_it.utils import EnvType, OptionsDict
 
+from agent.followup import typed_question
 from agent.report import MAX_UNCITED_SOURCES, stored_report
 from store.records import SessionRecord, Snippet
 
@@ -34,10 +35,11 @@ __all__ = [
     "to_html",
     "to_markdown",
     "to_pdf",
+    "web_url",
 ]
 
 SNIPPET_CHARS = 1500  # a reference shows at most this much of its snippet (tools already clip; this is a backstop)
-_MARKER = re.compile(r"\[(\d{1,4})\]")
+_MARKER = re.compile(r"\[(\d{1,4}(?:\s*,\s*\d{1,4})*)\]")  # [3] or [1, 2]
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _URL_BREAKERS = re.compile(r"[\s\x00-\x1f\x7f<>\"'`]")
 
@@ -97,7 +99,7 @@ def doc_from_session(record: SessionRecord) -> ExportDoc:
     if not report.references:
         consulted = tuple(record.trajectory.snippets.values())[:MAX_UNCITED_SOURCES]
     return ExportDoc(
-        title=" ".join(record.question.split()),
+        title=" ".join(typed_question(record.question).split()),  # a follow-up's chat context is not its title
         body_markdown=report.body,
         references=report.references,
         session_id=record.session_id,
@@ -120,7 +122,7 @@ def _clip(text: str, limit: int = SNIPPET_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def _web_url(url: str) -> str | None:
+def web_url(url: str) -> str | None:
     """The URL if it is an absolute http(s) URL (safe to make a link of), else None."""
     url = url.strip()
     try:
@@ -160,7 +162,7 @@ def to_markdown(doc: ExportDoc) -> str:
         lines += [f"## {heading}", ""]
         for n, s in enumerate(sources, 1):
             bullet = f"{n}." if numbered else "-"
-            where = f" — <{_web_url(s.url)}>" if _web_url(s.url) else (f" — {_one_line(s.url)}" if s.url else "")
+            where = f" — <{web_url(s.url)}>" if web_url(s.url) else (f" — {_one_line(s.url)}" if s.url else "")
             lines.append(f"{bullet} **{_one_line(s.title) or s.id}**{where} (document `{s.id}`, {s.tool})")
             snippet = _one_line(_clip(s.text))
             if snippet:
@@ -179,6 +181,7 @@ def _link_markers(state: StateCore) -> None:
     link cannot hold another link).
     """
     count = int(state.env.get("reference_count", 0))
+    prefix = str(state.env.get("anchor_prefix", "ref-"))
     if not count:
         return
     for block in state.tokens:
@@ -196,17 +199,34 @@ def _link_markers(state: StateCore) -> None:
                 continue
             pos = 0
             for m in _MARKER.finditer(tok.content):
-                n = int(m.group(1))
-                if not 1 <= n <= count:
+                numbers = [int(x) for x in m.group(1).split(",")]
+                if not any(1 <= n <= count for n in numbers):
                     continue
                 if m.start() > pos:
                     out.append(_text_token(tok.content[pos : m.start()], tok.level))
-                link = Token("link_open", "a", 1, attrs={"href": f"#ref-{n}", "class": "cite"}, level=tok.level)
-                out += [link, _text_token(m.group(0), tok.level + 1), Token("link_close", "a", -1, level=tok.level)]
+                out += _marker_tokens(numbers, count, prefix, tok.level)
                 pos = m.end()
             if pos < len(tok.content):
                 out.append(_text_token(tok.content[pos:], tok.level))
         block.children = out
+
+
+def _marker_tokens(numbers: list[int], count: int, prefix: str, level: int) -> list[Token]:
+    """`[n]` as one link; `[1, 2]` as "[", a link per existing number, ", " between, "]" (missing numbers as text)."""
+
+    def link(label: str, n: int) -> list[Token]:
+        return [Token("link_open", "a", 1, attrs={"href": f"#{prefix}{n}", "class": "cite"}, level=level),
+                _text_token(label, level + 1), Token("link_close", "a", -1, level=level)]
+
+    if len(numbers) == 1:
+        return link(f"[{numbers[0]}]", numbers[0])
+    out = [_text_token("[", level)]
+    for i, n in enumerate(numbers):
+        if i:
+            out.append(_text_token(", ", level))
+        out += link(str(n), n) if 1 <= n <= count else [_text_token(str(n), level)]
+    out.append(_text_token("]", level))
+    return out
 
 
 def _text_token(content: str, level: int) -> Token:
@@ -232,9 +252,10 @@ def _markdown() -> MarkdownIt:
     return md
 
 
-def answer_html(body_markdown: str, reference_count: int) -> str:
-    """The answer rendered as an HTML fragment; `[n]` markers become `#ref-n` links for n in 1..reference_count."""
-    return _markdown().render(body_markdown, {"reference_count": reference_count})
+def answer_html(body_markdown: str, reference_count: int, anchor_prefix: str = "ref-") -> str:
+    """The answer rendered as an HTML fragment (raw HTML escaped, images off); `[n]` and `[1, 2]` markers link to
+    `#{anchor_prefix}n` for n in 1..reference_count. The chat UI and the HTML export share this one renderer."""
+    return _markdown().render(body_markdown, {"reference_count": reference_count, "anchor_prefix": anchor_prefix})
 
 
 _CSS = """
@@ -254,7 +275,7 @@ _CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-act
 def _source_html(s: Snippet, item_id: str | None) -> str:
     e = html.escape
     title = _one_line(s.title) or s.id
-    url = _web_url(s.url)
+    url = web_url(s.url)
     if url:
         where = f' — <a href="{e(url, quote=True)}" rel="nofollow noopener noreferrer">{e(url)}</a>'
     elif s.url.strip():  # a local path or another non-web location: shown, never a link
@@ -364,6 +385,12 @@ def find_pdf_fonts(dirs: Sequence[Path] = FONT_DIRS) -> PdfFonts | None:
                     fallbacks=tuple(found[n] for n in _CJK_FALLBACKS if n in found))
 
 
+@lru_cache(maxsize=1)
+def _system_fonts() -> PdfFonts | None:
+    """`find_pdf_fonts()` over the system folders, searched once per process (a tree walk per export is slow)."""
+    return find_pdf_fonts()
+
+
 @lru_cache(maxsize=16)
 def _coverage(path: Path) -> frozenset[int]:
     """Code points a font file has glyphs for (fontTools comes with fpdf2)."""
@@ -386,7 +413,7 @@ def _fit_text(text: str, covered: frozenset[int] | None, encoding: str) -> str:
 def _pdf_source(n: str, s: Snippet, fit: Any) -> str:
     e = html.escape
     title = fit(_one_line(s.title) or s.id)
-    url = _web_url(s.url)
+    url = web_url(s.url)
     if url:
         where = f'<a href="{e(url, quote=True)}">{e(fit(url))}</a> '
     elif s.url.strip():
@@ -421,7 +448,7 @@ def to_pdf(doc: ExportDoc, *, fonts: PdfFonts | None | str = "auto") -> bytes:
     if isinstance(fonts, str):
         if fonts != "auto":
             raise ValueError(f'fonts must be "auto", PdfFonts or None, got {fonts!r}')
-        chosen = find_pdf_fonts()
+        chosen = _system_fonts()
     else:
         chosen = fonts
     if chosen is not None and "" not in dict(chosen.styles):

@@ -12,10 +12,10 @@ from langgraph.types import Command
 
 from agent.deps import AgentDeps
 from agent.errors import ToolError
+from agent.nodes.research import tool_output_budget
 from agent.parse import ParsedCall
 from agent.sequence import SequenceWriter
 from agent.state import ResearchState
-from agent.nodes.research import tool_output_budget
 from agent.tools.registry import resolve_tool_name
 from store.records import Snippet, ToolCallRecord
 

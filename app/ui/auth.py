@@ -79,7 +79,10 @@ def password_role(given: str, ui: UIConfig) -> Role | None:
     return None
 
 
-def oidc_role(email: str | None, ui: UIConfig) -> Role:
-    """An OIDC user's role: admin when their e-mail is listed in RUBRICEM_UI__ADMIN_EMAILS."""
+def oidc_role(email: str | None, ui: UIConfig, email_verified: object = None) -> Role:
+    """An OIDC user's role: admin when their e-mail is listed in RUBRICEM_UI__ADMIN_EMAILS and the identity
+    provider did not say it is unverified (`email_verified` False; providers that omit the claim pass None)."""
     admins = {e.strip().lower() for e in ui.admin_emails}
+    if email_verified is False or str(email_verified).lower() == "false":
+        return "user"
     return "admin" if email and email.strip().lower() in admins else "user"

@@ -3,17 +3,15 @@ export, reopen past sessions and ask follow-ups in the same chat."""
 
 from __future__ import annotations
 
-import re
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import streamlit as st
 
 from agent.config import RunOptions
 from agent.errors import AgentError, IngestError
-from agent.ingest import ingest, load_documents
+from agent.followup import follow_up_question, typed_question
+from app import events as ev
 from app.export import doc_from_session, to_html, to_markdown, to_pdf
 from app.service import RunFailedError
 from app.ui import state
@@ -22,10 +20,10 @@ from app.ui.view import (
     RunView,
     bank_explanation,
     cited_html,
-    follow_up_question,
+    md_literal,
     references_html,
-    typed_question,
 )
+from app.uploads import ingest_uploads
 from store.errors import StoreError
 from store.threads import ChatThreads
 
@@ -89,9 +87,14 @@ def _sidebar_settings() -> tuple[RunOptions, list[str]]:
     with st.sidebar.expander("⚙️ Research settings", expanded=False):
         st.caption(f"Corpus: `{svc.settings.store.docs_collection}` · {_corpus_size()} passages")
         backends = st.multiselect("Search backends", sorted(svc.tools), default=sorted(svc.tools), key="backends")
-        max_calls = st.slider("Max tool calls", 0, 20, min(defaults.max_tool_calls, 20), key="max_calls")
-        answer_tokens = st.slider("Answer tokens", 16, 4096, defaults.token_caps.answer, step=16, key="answer_tok")
-        wall = st.number_input("Time limit (s)", 10, 3600, int(defaults.wall_clock_s), step=10, key="wall")
+        # Widget ranges widen to take whatever the settings allow: a default outside a fixed range would make
+        # Streamlit refuse to draw the page for everyone.
+        calls = defaults.max_tool_calls
+        max_calls = st.slider("Max tool calls", 0, max(20, calls), calls, key="max_calls")
+        cap = defaults.token_caps.answer
+        answer_tokens = st.slider("Answer tokens", min(16, cap), max(4096, cap), cap, step=8, key="answer_tok")
+        limit = int(defaults.wall_clock_s)
+        wall = st.number_input("Time limit (s)", min(10, limit), max(3600, limit), limit, step=10, key="wall")
         fmt = st.selectbox("Format", ["long_form", "short_form", "exact_answer"],
                            index=["long_form", "short_form", "exact_answer"].index(defaults.format)
                            if defaults.format in ("long_form", "short_form", "exact_answer") else 0, key="fmt")
@@ -111,37 +114,22 @@ def _sidebar_upload() -> None:
         files = st.file_uploader("Files", type=["txt", "md", "html", "htm", "pdf", "jsonl"],
                                  accept_multiple_files=True, key="upload")
         if files and st.button("Index them", key="ingest"):
+            svc = state.services()
             try:
                 with st.spinner("Indexing…"):
-                    chunks, n = _ingest_uploads([(f.name, f.getvalue()) for f in files])
-                _corpus_size_cached.clear()
-                st.success(f"Indexed {chunks:,} chunks from {n} file(s).")
+                    result = ingest_uploads([(f.name, f.getvalue()) for f in files],
+                                            svc.settings.store.data_dir / "uploads", svc.index)
+                st.success(f"Indexed {result.chunks:,} chunks from {len(result.files)} file(s).")
             except IngestError as exc:  # one bad file refuses the whole upload before the index is touched
                 st.error(str(exc))
-
-
-def _ingest_uploads(files: list[tuple[str, bytes]]) -> tuple[int, int]:
-    """Check every file, then keep them under <data>/uploads/ (re-uploading a name replaces its chunks) and index."""
-    svc = state.services()
-    uploads = svc.settings.store.data_dir / "uploads"
-    with tempfile.TemporaryDirectory() as tmp:
-        staged = []
-        for name, data in files:  # the browser's file name is untrusted: keep a safe base name only
-            safe = re.sub(r"[^A-Za-z0-9._-]", "_", Path(name).name).lstrip(".") or "upload.txt"
-            (Path(tmp) / safe).write_bytes(data)
-            staged.append(safe)
-        load_documents(Path(tmp))  # IngestError here leaves the index and uploads/ untouched
-        uploads.mkdir(parents=True, exist_ok=True)
-        chunks = 0
-        for safe in staged:
-            target = uploads / safe
-            target.write_bytes((Path(tmp) / safe).read_bytes())
-            chunks += ingest(target, svc.index).chunks
-    return chunks, len(staged)
+            except StoreError as exc:
+                st.error(f"The index failed: {exc}")
+            finally:
+                _corpus_size_cached.clear()
 
 
 @st.cache_data(ttl=60, show_spinner=False)
-def _corpus_size_cached(_key: str) -> int:
+def _corpus_size_cached(collection: str) -> int:  # the argument keys the cache (underscored ones are not hashed)
     return state.services().index.count()
 
 
@@ -163,7 +151,8 @@ def draw_run(view: RunView, live: bool) -> None:
     if view.bank_items:
         with st.expander("Reflections used"):
             for item in view.bank_items:
-                st.markdown(f"- `{item.item_id}` {item.question or ''} (similarity {item.similarity:.2f})")
+                st.markdown(f"- {md_literal(item.item_id)} {md_literal(item.question or '')} "
+                            f"(similarity {item.similarity:.2f})")
     for stage in view.stages.values():
         if stage.state == "waiting":
             continue
@@ -172,14 +161,14 @@ def draw_run(view: RunView, live: bool) -> None:
             label += f" — {len(stage.searches)} search(es)"
         with st.status(label, state=_STATUS_STATE[stage.state], expanded=live and stage.state == "running"):
             if stage.stage == "plan" and view.checklist:
-                st.markdown("**Rubric checklist**\n" + "\n".join(f"- [ ] {item}" for item in view.checklist))
+                st.markdown("**Rubric checklist**\n" + "\n".join(f"- [ ] {md_literal(item)}" for item in view.checklist))
             for search in stage.searches:
-                st.markdown(f"🔎 **{search.tool}**: {search.query}")
+                st.markdown(f"🔎 **{md_literal(search.tool)}**: {md_literal(search.query)}")
                 if search.error:
                     st.warning(search.error)
                 for s in search.sources[:8]:
                     where = s.url or s.id
-                    st.caption(f"`{s.id}` {s.title} — {where}")
+                    st.caption(f"{md_literal(s.id)} {md_literal(s.title)} — {md_literal(where)}")
             for text in stage.texts[-6:]:
                 st.text(text[:3000])
     pending = [v.title for v in view.stages.values() if v.state == "waiting"]
@@ -231,12 +220,11 @@ def _draw_exports(session_id: str) -> None:
     cols = st.columns(3)
     cols[0].download_button("⬇ Markdown", to_markdown(doc), f"{session_id}.md", "text/markdown",
                             key=f"md_{session_id}")
-    cols[1].download_button("⬇ HTML", to_html(doc), f"{session_id}.html", "text/html", key=f"html_{session_id}")
-    try:
-        cols[2].download_button("⬇ PDF", to_pdf(doc), f"{session_id}.pdf", "application/pdf",
-                                key=f"pdf_{session_id}")
-    except Exception as exc:  # noqa: BLE001 - a PDF failure must not hide the other formats
-        cols[2].caption(f"PDF unavailable: {exc}")
+    # HTML and PDF are built when clicked (deferred data), not on every rerun of a page that shows many answers.
+    cols[1].download_button("⬇ HTML", lambda: to_html(doc), f"{session_id}.html", "text/html",
+                            key=f"html_{session_id}")
+    cols[2].download_button("⬇ PDF", lambda: to_pdf(doc), f"{session_id}.pdf", "application/pdf",
+                            key=f"pdf_{session_id}")
 
 
 def _draw_stored(session_id: str) -> None:
@@ -246,7 +234,7 @@ def _draw_stored(session_id: str) -> None:
         st.error(f"Could not open session {session_id}: {exc}")
         return
     with st.chat_message("user"):
-        st.markdown(typed_question(record.question))
+        st.markdown(md_literal(typed_question(record.question)))
     with st.chat_message("assistant"):
         view = RunView.from_record(record)
         draw_run(view, live=False)
@@ -277,29 +265,39 @@ def _ask(typed: str, options: RunOptions, backends: list[str]) -> None:
     question = follow_up_question(typed, _earlier(chat), svc.settings.agent.max_question_chars) \
         if chat.session_ids else typed
     with st.chat_message("user"):
-        st.markdown(typed)
+        st.markdown(md_literal(typed))
     with st.chat_message("assistant"):
         box = st.empty()
         view = RunView(question=question)
         started = time.monotonic()
-        run = LiveRun(svc.research, question, options, backends)
+        threads = ChatThreads(svc.log)  # made here: the hook below runs on the research loop's thread
+
+        def file_session(event: object) -> None:
+            if isinstance(event, ev.SessionStarted):
+                _remember(chat, event.session_id, threads)
+
+        run = LiveRun(svc.research, question, options, backends, on_event=file_session)
+        st.session_state.live_run = run
+        timer = st.empty()
         with box.container():
             st.caption("Starting…")
         for event in run.events():
+            # None = nothing new for a moment: only the timer moves (and the page stays stoppable).
+            timer.caption(f"⏱ {time.monotonic() - started:.0f} s")
             if event is None:
                 continue
             view.apply(event)
             with box.container():
                 draw_run(view, live=True)
-                st.caption(f"⏱ {time.monotonic() - started:.0f} s")
         ended = run.ended
         assert ended is not None
+        st.session_state.pop("live_run", None)
         if ended.outcome is not None:
-            _remember(chat, ended.outcome.session_id)
+            _remember(chat, ended.outcome.session_id, threads)
             st.rerun()
         error = ended.error
         if isinstance(error, RunFailedError) and error.session_id:
-            _remember(chat, error.session_id)
+            _remember(chat, error.session_id, threads)
             st.rerun()
         with box.container():
             if isinstance(error, AgentError):  # bad input: nothing was written
@@ -308,9 +306,14 @@ def _ask(typed: str, options: RunOptions, backends: list[str]) -> None:
                 st.error(f"The run could not start: {type(error).__name__}: {error}")
 
 
-def _remember(chat: Chat, session_id: str) -> None:
-    """Put a finished session in the chat's thread (the thread starts with the chat's first session)."""
-    threads = ChatThreads(state.services().log)
+def _remember(chat: Chat, session_id: str, threads: ChatThreads) -> None:
+    """Put a session in the chat's thread (the thread starts with the chat's first session); idempotent.
+
+    Called when the session starts (from the research loop's thread), so a page rerun mid-run keeps it in the chat,
+    and again when it ends.
+    """
+    if session_id in chat.session_ids:
+        return
     if chat.thread_id is None and chat.session_ids:
         chat.thread_id = threads.thread_of(chat.session_ids[0]) or threads.new_id()
         for sid in chat.session_ids:
@@ -332,6 +335,11 @@ def page() -> None:
                    "rubric, then writes a cited answer.")
     for sid in chat.session_ids:
         _draw_stored(sid)
+    live = st.session_state.get("live_run")
+    busy = live is not None and live.running
+    if busy:  # the page was rerun mid-run: the run goes on, and its session is already in the chat above
+        st.info("A research run is still in progress; it is shown above as far as it has got.")
+        st.button("Refresh", key="refresh_live")
     prompt = "Ask a follow-up" if chat.session_ids else "Ask a research question"
-    if typed := st.chat_input(prompt, max_chars=state.settings().agent.max_question_chars):
+    if typed := st.chat_input(prompt, max_chars=state.settings().agent.max_question_chars, disabled=busy):
         _ask(typed, options, backends)

@@ -3,6 +3,8 @@ retraining cycles, and a "retrain now" button for admins (it starts `rubricem re
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -26,6 +28,21 @@ def start_retrain(data_dir: Path) -> Path:
     return log_path
 
 
+def retrain_blocker(data_dir: Path) -> str | None:
+    """Why a cycle cannot be started from this process (None when it can).
+
+    In the compose deployment the app image has no training packages and mounts the runs folder read-only: there the
+    scheduler container trains, and the button would only write a failure to a log nobody reads.
+    """
+    if importlib.util.find_spec("peft") is None or importlib.util.find_spec("accelerate") is None:
+        return "this app's environment has no training packages (peft, accelerate)"
+    runs = data_dir / "runs"
+    target = runs if runs.exists() else data_dir
+    if target.exists() and not os.access(target, os.W_OK):
+        return f"`{target}` is read-only here"
+    return None
+
+
 def _curves(points: list[dashboard.StagePoint], by: str) -> pd.DataFrame:
     rows = [asdict(c) for c in dashboard.stage_reward_curve(points, by)]  # type: ignore[arg-type]
     if not rows:
@@ -42,6 +59,11 @@ def _retrain_box() -> None:
     running = svc.registry.running_cycle()
     if running is not None:
         st.info(f"A retraining cycle is running: `{running.cycle_id}` ({running.stage}).")
+    blocker = retrain_blocker(svc.settings.store.data_dir)
+    if blocker is not None:
+        st.caption(f"Retraining cannot start from this app: {blocker}. Start a cycle where the trainer runs, e.g. "
+                   "`docker compose exec scheduler rubricem retrain --now`.")
+        return
     if st.button("🔁 Retrain now", disabled=running is not None, key="retrain_now"):
         path = start_retrain(svc.settings.store.data_dir)
         st.success(f"Retraining started in the background; its log is `{path}`. Reload this page to follow it.")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 from app.ui import state
@@ -9,12 +11,16 @@ from app.ui.auth import UIAccessError, access_policy, oidc_role, password_role
 
 
 def _host() -> str:
-    """The address this server is bound to (the `rubricem ui --host` value), else the settings' host."""
+    """The address this server is bound to, for the login rule.
+
+    `rubricem ui` always passes --server.address. A plain `streamlit run` without it binds every interface, so an
+    unset address counts as 0.0.0.0 (a login is required): the gate fails closed, never open.
+    """
     try:
         bound = st.get_option("server.address")
-    except Exception:  # noqa: BLE001 - AppTest and old versions may not know the option
+    except Exception:  # noqa: BLE001 - old versions may not know the option
         bound = None
-    return str(bound or state.settings().ui.host)
+    return str(bound) if bound else "0.0.0.0"
 
 
 def _login() -> bool:
@@ -31,7 +37,8 @@ def _login() -> bool:
     if st.session_state.get("role"):
         return True
     if policy.oidc and getattr(st.user, "is_logged_in", False):
-        st.session_state.role = oidc_role(getattr(st.user, "email", None), ui)
+        st.session_state.role = oidc_role(getattr(st.user, "email", None), ui,
+                                          getattr(st.user, "email_verified", None))
         return True
     st.title("🔬 rubricem")
     st.subheader("Log in")
@@ -41,6 +48,10 @@ def _login() -> bool:
             if st.form_submit_button("Log in"):
                 role = password_role(given, ui)
                 if role is None:
+                    # Slow repeated guessing down: 1 s more per failure in this browser session, at most 5 s.
+                    fails = st.session_state.get("login_failures", 0) + 1
+                    st.session_state.login_failures = fails
+                    time.sleep(min(fails, 5))
                     st.error("Wrong password.")
                 else:
                     st.session_state.role = role
@@ -54,7 +65,7 @@ def _logout_box() -> None:
     role = st.session_state.get("role")
     st.sidebar.caption(f"Signed in as **{role}**")
     if st.sidebar.button("Log out", key="logout") and role:
-        st.session_state.pop("role", None)
+        st.session_state.clear()  # the next person on this browser sees nothing of this one's chat
         if getattr(st.user, "is_logged_in", False):
             st.logout()
         st.rerun()

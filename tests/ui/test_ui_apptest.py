@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
+from streamlit import config as st_config
 from streamlit.testing.v1 import AppTest
 
 from agent.config import AgentConfig, RunOptions, StageTokenCaps
+from agent.followup import FOLLOW_UP_MARK
 from app.container import Services, open_bank
 from app.service import ResearchService
 from app.settings import Settings, UIConfig
 from app.ui import state
-from app.ui.view import FOLLOW_UP_MARK
 from store.config import StoreConfig
 from store.embeddings import embed_texts
 from store.registry import Registry
@@ -34,7 +35,7 @@ def _services(tmp_path: Path, policy: object, tools: dict[str, object], index: o
         store=StoreConfig(data_dir=tmp_path / "data"),
         ui=ui,
     )
-    settings.store.data_dir.mkdir(parents=True)
+    settings.store.data_dir.mkdir(parents=True, exist_ok=True)
     log = SessionLog(settings.store.sqlite_path)
     bank = open_bank(settings)
     research = ResearchService(policy, tools, log, settings.agent, bank, embed=embed_texts)  # type: ignore[arg-type]
@@ -44,13 +45,20 @@ def _services(tmp_path: Path, policy: object, tools: dict[str, object], index: o
 @pytest.fixture
 def make_services(tmp_path: Path, embedded_policy: object, local_tools: dict[str, object],
                   small_index: object) -> Iterator[object]:
-    def make(ui: UIConfig | None = None) -> Services:
-        svc = _services(tmp_path, embedded_policy, local_tools, small_index, ui or UIConfig())
+    def make(ui: UIConfig | None = None, bound: str | None = "settings") -> Services:
+        """Services for the page; the server address is the UI host, as `rubricem ui --host` passes it (None: a
+        plain `streamlit run` with no address)."""
+        ui = ui or UIConfig()
+        svc = _services(tmp_path, embedded_policy, local_tools, small_index, ui)
+        st_config.set_option("server.address", ui.host if bound == "settings" else bound)
         state.use(svc)
         return svc
 
-    yield make
-    state.use(None)
+    try:
+        yield make
+    finally:
+        state.use(None)
+        st_config.set_option("server.address", None)
 
 
 def _ask(at: AppTest, question: str) -> AppTest:
@@ -145,6 +153,10 @@ def test_exposed_ui_without_a_login_refuses_to_serve(make_services: object) -> N
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
     assert any("refusing to serve the UI on 0.0.0.0" in e.value for e in at.error)
     assert not at.chat_input and not at.text_input
+    # `streamlit run` with no --server.address binds every interface: the gate fails closed, whatever the settings say
+    make_services(UIConfig(host="127.0.0.1"), bound=None)  # type: ignore[operator]
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    assert any("refusing to serve the UI on 0.0.0.0" in e.value for e in at.error) and not at.chat_input
 
 
 def _learning_script() -> None:
@@ -156,17 +168,21 @@ def _learning_script() -> None:
 def test_admin_upload_indexes_good_files_and_refuses_a_bad_one_whole(make_services: object) -> None:
     from agent.errors import IngestError
     from app.container import open_index
-    from app.ui.chat_page import _ingest_uploads
+    from app.uploads import ingest_uploads
 
     svc: Services = make_services()  # type: ignore[operator]
-    svc.index = open_index(svc.settings)  # a fresh, empty index (the shared test index stays as it is)
+    index = open_index(svc.settings)  # a fresh, empty index (the shared test index stays as it is)
+    uploads = svc.settings.store.data_dir / "uploads"
     good = ("notes.md", b"# Gannets\n\nNorthern gannets dive into the sea from thirty metres to catch fish.\n")
     with pytest.raises(IngestError):
-        _ingest_uploads([good, ("../../evil.txt", b"\x00\x01\x02 binary")])
-    assert svc.index.count() == 0 and not (svc.settings.store.data_dir / "uploads").exists()
-    chunks, files = _ingest_uploads([good])
-    assert (chunks, files) == (1, 1) and svc.index.count() == 1
-    assert svc.index.search("how do gannets catch fish", k=1)[0].title == "Gannets"
-    _ingest_uploads([good])  # the same name again replaces its chunks
-    assert svc.index.count() == 1
-    assert [p.name for p in (svc.settings.store.data_dir / "uploads").iterdir()] == ["notes.md"]
+        ingest_uploads([good, ("../../evil.txt", b"\x00\x01\x02 binary")], uploads, index)
+    assert index.count() == 0 and not uploads.exists()
+    with pytest.raises(IngestError, match="notes.md"):  # two names that clean up to one are refused together
+        ingest_uploads([good, ("../notes.md", b"# Other\n\nSomething else entirely.\n")], uploads, index)
+    assert index.count() == 0 and not uploads.exists()
+    result = ingest_uploads([good], uploads, index)
+    assert (result.chunks, result.files) == (1, ("notes.md",)) and index.count() == 1
+    assert index.search("how do gannets catch fish", k=1)[0].title == "Gannets"
+    ingest_uploads([good], uploads, index)  # the same name again replaces its chunks
+    assert index.count() == 1
+    assert [p.name for p in uploads.iterdir()] == ["notes.md"]

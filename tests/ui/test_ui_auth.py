@@ -52,6 +52,10 @@ def test_oidc_admins_by_email() -> None:
     assert oidc_role("ada@example.org", ui) == "admin"
     assert oidc_role("bob@example.org", ui) == "user"
     assert oidc_role(None, ui) == "user"
+    # An address the identity provider marks unverified never makes an admin; a provider without the claim does.
+    assert oidc_role("ada@example.org", ui, email_verified=False) == "user"
+    assert oidc_role("ada@example.org", ui, email_verified="false") == "user"
+    assert oidc_role("ada@example.org", ui, email_verified=True) == "admin"
 
 
 def test_an_empty_password_setting_means_none() -> None:

@@ -140,11 +140,17 @@ def test_ask_see_stages_click_citation_feedback_and_export(ui_server: tuple[str,
                 exports.last.click()
             saved = ARTIFACTS / "report.md"
             download.value.save_as(saved)
+            # the PDF is built only when clicked (deferred download data)
+            with page.expect_download(timeout=RUN_TIMEOUT_MS) as pdf_download:
+                page.get_by_role("button", name="⬇ PDF").last.click()
+            pdf = ARTIFACTS / "report.pdf"
+            pdf_download.value.save_as(pdf)
         finally:
             browser.close()
 
     text = saved.read_text(encoding="utf-8")
     assert text.startswith("# ") and "## References" in text and "[1]" in text
+    assert pdf.read_bytes().startswith(b"%PDF-")
     with sqlite3.connect(data / "rubricem.sqlite3") as db:
         rows = db.execute("SELECT rating, note FROM feedback").fetchall()
     assert rows == [("down", "It should say when it was built.")]

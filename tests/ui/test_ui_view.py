@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from agent.followup import FOLLOW_UP_MARK, follow_up_question, typed_question
 from agent.report import build_report
 from app import events as ev
 from app.ui.view import (
-    FOLLOW_UP_MARK,
     RunView,
     anchor,
     bank_explanation,
     cited_html,
-    follow_up_question,
     references_html,
-    typed_question,
 )
 from store.records import SessionRecord, Snippet
 from tests.judge.builders import PLAN, trajectory
@@ -88,9 +86,14 @@ def test_citations_link_to_the_references_and_model_text_is_escaped() -> None:
     report = build_report(trajectory(answer='<b>Bold</b> <script>alert(1)</script> Latin '
                                             '<cite id="abcd0001-0">it was Latin</cite>. See [7].'))
     body = cited_html(report, "sess/1")
-    assert f'<a class="cite" href="#{anchor("sess/1", 1)}"' in body and anchor("sess/1", 1) == "ref-sess1-1"
+    assert f'<a href="#{anchor("sess/1", 1)}" class="cite">' in body and anchor("sess/1", 1) == "ref-sess1-1"
     assert "<script>" not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body and "<b>" not in body
     assert "[7]" in body and 'href="#ref-sess1-7"' not in body  # a number with no reference is not a link
+    # the answer's Markdown is drawn (the chat and the HTML export share one renderer); [1, 7] links only 1
+    md = cited_html(replace(report, body="## Findings\n\n- **Latin** [1, 7]\n- ![x](https://evil.example/x.png)"),
+                    "s")
+    assert "<h2>Findings</h2>" in md and "<strong>Latin</strong>" in md and "<img" not in md
+    assert '[<a href="#ref-s-1" class="cite">1</a>, 7]' in md
     refs = references_html(replace(report, references=(
         Snippet("x-0", "web", "A <i>title</i>", "text", "javascript:alert(1)"),
         Snippet("x-1", "web", "Safe", "text", "https://example.org/a?b=1&c=2"))), "s")
@@ -108,3 +111,6 @@ def test_follow_up_questions_carry_context_within_the_limit() -> None:
     assert short == "Where did he study?" + FOLLOW_UP_MARK + "\nQ: When did he die?\nA: In 1244."
     assert follow_up_question("Where?", earlier, max_chars=10) == "Where?"
     assert typed_question("plain question") == "plain question"
+    # the report's title is what was typed, not the chat context
+    assert build_report(trajectory(question=q, answer="He studied at Oxford.")).markdown.startswith(
+        "# Where did he study?\n")
