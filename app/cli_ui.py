@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -29,10 +29,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
     policy = access_policy(host, settings.ui)  # UIAccessError (a ValueError) before anything starts
     how = "login: " + ", ".join(policy.methods) if policy.login_required else "open on loopback"
     print(f"rubricem ui on http://{host}:{port} ({how}); Ctrl-C stops it", file=sys.stderr, flush=True)
-    try:  # the page reads its bind address from Streamlit's server.address, so the login rule follows --host
-        return subprocess.call(streamlit_command(host, port))
-    except KeyboardInterrupt:
-        return 130
+    # The page reads its bind address from Streamlit's server.address, so the login rule follows --host. exec, not
+    # a child process: a supervisor's SIGTERM (docker stop, a test fixture) then reaches Streamlit itself instead of
+    # leaving it running, model loaded, after its parent is gone.
+    command = streamlit_command(host, port)
+    os.execv(command[0], command)
+    return 0  # not reached
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -50,6 +50,7 @@ from learning.checkpoint import CheckpointError, latest_checkpoint, prune_checkp
 from learning.curriculum import StepBatch, step_batch
 from learning.errors import LearningError
 from learning.judge.types import Judgement, TrajectoryJudge
+from learning.memory import release_freed_memory
 from learning.model import LoraSettings, load_trainable, save_adapter, trainable_parameters
 from learning.sequences import TrainSequence, has_bad_logprobs, trajectory_stages_and_mask
 from learning.train_config import TrainConfig
@@ -333,9 +334,12 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
 
 def _update(model: Any, optimizer: Any, seqs: list[TrainSequence], tokenizer: Any, cfg: TrainConfig,
             accelerator: Any, temperature: float) -> UpdateStats:
-    return policy_update(model, optimizer, seqs, pad_id=int(tokenizer.pad_token_id), clip=cfg.clip, beta=cfg.beta,
-                         token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, temperature=temperature,
-                         backward=accelerator.backward)
+    try:
+        return policy_update(model, optimizer, seqs, pad_id=int(tokenizer.pad_token_id), clip=cfg.clip,
+                             beta=cfg.beta, token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm,
+                             temperature=temperature, backward=accelerator.backward)
+    finally:
+        release_freed_memory()  # the update's multi-GB peak goes back to the OS, not kept by malloc (learning.memory)
 
 
 async def _reflect(parts: TrainerParts, cfg: TrainConfig, step: int, groups: Sequence[Group]) -> list[str]:
