@@ -3,8 +3,8 @@
 A policy update on CPU peaks at several GB (logits over the vocabulary, attention activations), and glibc's malloc
 keeps most freed heap pages for reuse instead of returning them. In a long-lived trainer or scheduler process the
 resident set then ratchets up to the largest update seen and beyond (fragmentation): measured on SmolLM2 with 8
-sequences of ~1,300 tokens, 15 GB after one update and 20 GB after five without a trim, 0.8-0.9 GB after each update
-with one (`python /tmp/...` style loop in the issue-5 note). `malloc_trim(0)` returns the free pages; it costs
+sequences of ~1,300 tokens in one micro-batch, 15 GB after one update and 20 GB after five without a trim, 0.8-0.9 GB
+after each update with one (`tests/benchmarks/update_memory.py`). `malloc_trim(0)` returns the free pages; it costs
 milliseconds. Elsewhere (macOS, musl) it is a no-op.
 """
 
