@@ -12,9 +12,10 @@ evaluation so it measures the policy alone.
 Writes OUT/learning_check.json (every number, per-sample scores included) and OUT/learning_check.png (curves).
 
     .venv/bin/python tests/benchmarks/learning_check.py --quick --out /tmp/lc-quick
-    .venv/bin/python tests/benchmarks/learning_check.py --steps 6 --eval-every 6 --heldout 8 --eval-samples 1 \
-        --batch-questions 1 --rollouts 4 --temperature 0.7 --caps 48,32,48,64 --max-tool-calls 1 --lr 5e-4 \
-        --out docs/learning_check        # the recorded run: 41 min on 2 shared CPU cores
+    .venv/bin/python tests/benchmarks/learning_check.py --steps 7 --eval-every 7 --heldout 12 --eval-samples 2 \
+        --batch-questions 2 --rollouts 4 --temperature 0.8 --caps 16,32,16,48 --max-tool-calls 1 --lr 2e-3 \
+        --snippets 2 --snippet-chars 300 --threads 2 --dtype bfloat16 \
+        --out docs/learning_check        # the recorded run: about 50 min on 2 idle CPU cores
 """
 
 from __future__ import annotations
