@@ -177,6 +177,23 @@ def paired_difference(base: Sequence[SampleResult], after: Sequence[SampleResult
             "questions": n}
 
 
+def pooled_difference(reports: Sequence[Mapping[str, Any]], credit: str, metric: str, resamples: int = 4000,
+                      seed: int = 0) -> dict[str, float]:
+    """`paired_difference` of final − base over the held-out questions of several reports (runs with other seeds).
+
+    Each (report, question) is one unit: a question that two runs share counts twice, once per run's own samples.
+    """
+    base: list[SampleResult] = []
+    after: list[SampleResult] = []
+    for k, report in enumerate(reports):
+        mode = next((m for m in report["modes"] if m["credit"] == credit), None)
+        if mode is None:
+            raise ValueError(f"report {k} has no {credit!r} run")
+        for point, into in ((mode["eval"][0], base), (mode["eval"][-1], after)):
+            into.extend(SampleResult(**{**s, "question": k * 100_000 + s["question"]}) for s in point["samples"])
+    return paired_difference(base, after, metric, resamples, seed)
+
+
 def steps_to_target(points: Sequence[EvalPoint], base_total: float, delta: float) -> int | None:
     """The first evaluated step (> 0) whose held-out mean total exceeds base + delta, else None."""
     for p in points:
