@@ -16,6 +16,9 @@ Writes OUT/learning_check.json (every number, per-sample scores included) and OU
         --batch-questions 2 --rollouts 4 --temperature 0.8 --caps 16,32,16,48 --max-tool-calls 1 --lr 2e-3 \
         --snippets 2 --snippet-chars 300 --threads 2 --dtype bfloat16 \
         --out docs/learning_check        # the recorded run: about 50 min on 2 idle CPU cores
+
+The recorded runs are --seed 0 (docs/learning_check) and --seed 1 (docs/learning_check/seed1, other held-out
+questions); `learning_check_pool.py` pools their paired differences.
 """
 
 from __future__ import annotations
