@@ -3,9 +3,11 @@
 A policy update on CPU peaks at several GB (logits over the vocabulary, attention activations), and glibc's malloc
 keeps most freed heap pages for reuse instead of returning them. In a long-lived trainer or scheduler process the
 resident set then ratchets up to the largest update seen and beyond (fragmentation): measured on SmolLM2 with 8
-sequences of ~1,300 tokens in one micro-batch, 15 GB after one update and 20 GB after five without a trim, 0.8-0.9 GB
-after each update with one (`tests/benchmarks/update_memory.py`). `malloc_trim(0)` returns the free pages; it costs
-milliseconds. Elsewhere (macOS, musl) it is a no-op.
+sequences of ~1,250 tokens in micro-batches of <= 4,096 tokens, 8.8 GB after one update and 9.6 GB after three without a
+trim, 0.8-1.0 GB with one (`tests/benchmarks/update_memory.py --updates 3 --token-budget 4096`; with one 16k-token
+micro-batch the untrimmed process reached 15 GB after one update and 20 GB after five). `malloc_trim(0)` itself takes
+milliseconds, but the next update faults the returned pages back in: updates ran up to 15% slower in that benchmark,
+the price of not being OOM-killed. Elsewhere (macOS, musl) it is a no-op.
 """
 
 from __future__ import annotations

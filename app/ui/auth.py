@@ -83,6 +83,6 @@ def oidc_role(email: str | None, ui: UIConfig, email_verified: object = None) ->
     """An OIDC user's role: admin when their e-mail is listed in RUBRICEM_UI__ADMIN_EMAILS and the identity
     provider did not say it is unverified (`email_verified` False; providers that omit the claim pass None)."""
     admins = {e.strip().lower() for e in ui.admin_emails}
-    if email_verified is False or str(email_verified).lower() == "false":
+    if str(email_verified).lower() == "false":  # the bool False or a "false" string claim
         return "user"
     return "admin" if email and email.strip().lower() in admins else "user"

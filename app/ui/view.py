@@ -204,16 +204,21 @@ def bank_explanation(view: RunView) -> str:
 # ---- citations ----------------------------------------------------------------------------------------------------
 
 
+def anchor_prefix(session_id: str) -> str:
+    """The start of a session's reference ids (unique on a page showing several answers)."""
+    return f"ref-{re.sub(r'[^A-Za-z0-9_-]', '', session_id)}-"
+
+
 def anchor(session_id: str, number: int) -> str:
-    """The HTML id of reference `number` of a session (unique on a page showing several answers)."""
-    return f"ref-{re.sub(r'[^A-Za-z0-9_-]', '', session_id)}-{number}"
+    """The HTML id of reference `number` of a session."""
+    return f"{anchor_prefix(session_id)}{number}"
 
 
 def cited_html(report: Report, session_id: str) -> str:
     """The answer as safe HTML (the export's renderer: Markdown drawn, raw HTML escaped, images off), its [n] markers
     linked to this session's entries in the references panel."""
-    prefix = anchor(session_id, 0)[: -len("0")]
-    return '<div class="answer">' + answer_html(report.body, len(report.references), prefix) + "</div>"
+    body = answer_html(report.body, len(report.references), anchor_prefix(session_id))
+    return f'<div class="answer">{body}</div>'
 
 
 def references_html(report: Report, session_id: str) -> str:

@@ -65,7 +65,6 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL 1.x
 
-# Model shapes for randomly initialised models (no hub access): Qwen3 family sizes from their published configs.
 def _qwen3(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, head_dim: int,
            tied: bool) -> dict[str, Any]:
     return {"hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers,
@@ -85,7 +84,7 @@ FIRST_ID = 100  # random token ids start above the special tokens
 
 
 # ----------------------------------------------------------------------------------------------------------- memory
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
     text = Path("/proc/self/status").read_text()
     match = re.search(rf"^{field}:\s+(\d+)\s+kB", text, re.MULTILINE)
     return int(match.group(1)) if match else 0
@@ -112,7 +111,7 @@ class PeakMemory:
             Path("/proc/self/clear_refs").write_text("5")
         except OSError:
             self.method = "ru_maxrss (process lifetime peak: the delta is a lower bound)"
-        self.baseline = _status_kib("VmRSS") * 1024
+        self.baseline = status_kib("VmRSS") * 1024
 
     def peak(self) -> int:
         """Peak bytes since start()."""
@@ -122,7 +121,7 @@ class PeakMemory:
             torch.cuda.synchronize()
             return int(torch.cuda.max_memory_allocated())
         if self.method == "VmHWM":
-            return _status_kib("VmHWM") * 1024
+            return status_kib("VmHWM") * 1024
         import resource
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

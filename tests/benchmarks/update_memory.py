@@ -16,18 +16,20 @@ import argparse
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from grpo_step import status_kib
 
 
 def _rss_mib() -> int:
-    return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) // 1024  # type: ignore[union-attr]
+    return status_kib("VmRSS") // 1024
 
 
 def child(args: argparse.Namespace) -> None:
