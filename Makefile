@@ -13,7 +13,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL := 2
 # build for AVX2 explicitly (portable, and as fast here).
 export CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench sft-adapter clean
 
 install: $(STAMP)
 
@@ -41,7 +41,15 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
 bench: install
-	$(PY) benchmarks/agent_overhead.py
+	$(PY) tests/benchmarks/agent_overhead.py --sessions 3
+
+# Rebuild the shipped SFT adapter (agent/adapters/smollm2-sft) on 2 cores: teacher trajectories from the training
+# split of the corpus-paired questions (about a minute), LoRA SFT (about an hour), then the bf16 copy + provenance.
+sft-adapter: install
+	$(VENV)/bin/rubricem sft generate --questions learning/sft/data/train/hotpotqa_train.json \
+	  --questions learning/sft/data/train/musique_train.json --variants 2 --out .cache/sft/data
+	$(VENV)/bin/rubricem sft train --data .cache/sft/data --out .cache/sft/run --preset cpu --threads 2 --no-register
+	$(PY) -m learning.sft.ship .cache/sft/run .cache/sft/data agent/adapters/smollm2-sft
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache demo-report.md

@@ -9,6 +9,9 @@ from pydantic import BaseModel, Field, SecretStr, model_validator
 
 from store.records import Stage
 
+# The SFT adapter shipped with the package for the bundled SmolLM2 (see its PROVENANCE.md).
+SHIPPED_SFT_ADAPTER = Path(__file__).resolve().parent / "adapters" / "smollm2-sft"
+
 FormatLabel = Literal["exact_answer", "short_form", "long_form"]
 
 
@@ -65,6 +68,9 @@ class AgentConfig(BaseModel):
         default=None, description="HF folder for the embedded backend; empty = the bundled SmolLM2-135M-Instruct."
     )
     embedded_adapter_path: Path | None = Field(default=None, description="PEFT LoRA adapter folder to load at start.")
+    embedded_sft: bool = Field(
+        default=True, description="With the bundled model and no adapter path, load the shipped SFT adapter "
+        "(agent/adapters/smollm2-sft: the scaffold distilled before RL); false = the plain base model.")
     embedded_dtype: Literal["bfloat16", "float32"] = Field(default="bfloat16")
 
     attribute_uncited: bool = Field(

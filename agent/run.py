@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent import bank, prompts
+from agent.config import FormatLabel
 from agent.deps import AgentDeps
 from agent.errors import InputError
 from agent.graph import build_graph
-from agent.protocols import ChatMessage, PromptContext
+from agent.protocols import ChatMessage, PromptContext, SearchTool
 from agent.report import Report, build_report
 from store.records import PromptRecord, Retrieval, Trajectory
 
@@ -45,11 +47,21 @@ def prompt_names(deps: AgentDeps, references: Retrieval | None = None) -> tuple[
 
 def build_messages(question: str, deps: AgentDeps, references: Retrieval | None = None) -> list[ChatMessage]:
     """System prompt (scaffold + offered tools) and user message (bank references, question, format instruction)."""
+    return scaffold_messages(question, deps.tools, deps.options.max_tool_calls, deps.options.format, references)
+
+
+def scaffold_messages(
+    question: str,
+    tools: Mapping[str, SearchTool],
+    max_tool_calls: int,
+    format: FormatLabel,
+    references: Retrieval | None = None,
+) -> list[ChatMessage]:
+    """The agent's real system and user messages; SFT data is built with exactly these (learning.sft)."""
     reference_block = bank.reference_block(references) if references is not None else ""
-    tool_lines = "\n".join(f"- {name}: {tool.description}" for name, tool in sorted(deps.tools.items()))
-    system = prompts.render("system", tools=tool_lines or "- (none configured)", max_tool_calls=str(
-        deps.options.max_tool_calls))
-    instruction = prompts.render(f"instructions/{deps.options.format}")
+    tool_lines = "\n".join(f"- {name}: {tool.description}" for name, tool in sorted(tools.items()))
+    system = prompts.render("system", tools=tool_lines or "- (none configured)", max_tool_calls=str(max_tool_calls))
+    instruction = prompts.render(f"instructions/{format}")
     user = "\n\n".join(p for p in (reference_block.strip(), question, instruction) if p)
     return [ChatMessage("system", system), ChatMessage("user", user)]
 

@@ -10,16 +10,15 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from agent.config import RunOptions
 from agent.errors import AgentError, IngestError, InputError
-from app import cli_bank, cli_batch, cli_loop, cli_train, cli_ui
-from app import events as ev
+from app import cli_bank, cli_batch, cli_loop, cli_sft, cli_train, cli_ui
+from app.cli_common import Progress
+from app.cli_common import run_options as _run_options
 from app.container import ConfigurationError
 from app.scheduler import CycleLocked
 from app.settings import Settings
@@ -30,52 +29,17 @@ from store.registry import RegistryError
 from store.rubric_bank import BankItemNotFound
 
 
-class Progress:
-    """Stage-by-stage progress lines on stderr, with elapsed seconds."""
-
-    def __init__(self, quiet: bool = False) -> None:
-        self.start = time.monotonic()
-        self.quiet = quiet
-        self._last_bar = 0.0
-
-    def say(self, message: str) -> None:
-        if not self.quiet:
-            print(f"[{time.monotonic() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
-
-    def bar(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if self.quiet or (now - self._last_bar < 2.0 and done < total):
-            return
-        self._last_bar = now
-        self.say(f"  indexed {done:,}/{total:,} passages ({100 * done // max(total, 1)}%)")
-
-    def event(self, e: ev.Event) -> None:
-        match e:
-            case ev.SessionStarted(session_id=sid, policy_version=v):
-                self.say(f"session {sid} started (policy {v})")
-            case ev.ReferencesInjected(mode=mode, items=items):
-                what = "an earlier attempt at this question" if mode == "within" else f"{len(items)} similar question(s)"
-                self.say(f"rubric bank: using reflections from {what}")
-            case ev.StageStarted(stage="research", turn=n):
-                self.say(f"research: turn {n}")
-            case ev.StageStarted(stage=stage):
-                self.say(f"{stage}")
-            case ev.SearchIssued(tool=tool, query=query):
-                self.say(f"  {tool}: {query[:100]!r}")
-            case ev.SearchDone(tool=tool, results=n, error=err):
-                self.say(f"  {tool}: {'error: ' + err if err else f'{n} results'}")
-            case ev.Note(kind="research_stopped", data=d):
-                self.say(f"  research stopped ({d.get('reason')}) after {d.get('tool_calls')} tool calls")
-            case _:
-                pass
-
-
-def _run_options(settings: Settings, args: argparse.Namespace) -> RunOptions:
-    values: dict[str, Any] = settings.agent.defaults.model_dump()
-    for name in ("format", "max_tool_calls", "seed", "temperature", "wall_clock_s"):
-        if getattr(args, name, None) is not None:
-            values[name] = getattr(args, name)
-    return RunOptions.model_validate(values)
+def _with_adapter(settings: Settings, adapter: str | None) -> Settings:
+    """Settings with `--adapter`: a LoRA folder, or `none` for the plain base model (no shipped SFT adapter)."""
+    if not adapter:
+        return settings
+    if adapter == "none":
+        update: dict[str, Any] = {"embedded_adapter_path": None, "embedded_sft": False}
+    elif not (Path(adapter) / "adapter_config.json").is_file():
+        raise InputError(f"--adapter {adapter}: not a LoRA adapter folder (adapter_config.json missing)")
+    else:
+        update = {"embedded_adapter_path": Path(adapter)}
+    return settings.model_copy(update={"agent": settings.agent.model_copy(update=update)})
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
@@ -83,12 +47,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from app.container import build
     from app.service import RunFailedError, stage_summary
 
-    settings = Settings()
-    if args.adapter:
-        if not (Path(args.adapter) / "adapter_config.json").is_file():
-            raise InputError(f"--adapter {args.adapter}: not a LoRA adapter folder (adapter_config.json missing)")
-        settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={
-            "embedded_adapter_path": Path(args.adapter)})})
+    settings = _with_adapter(Settings(), args.adapter)
     progress = Progress(args.quiet)
     question = validate_question(args.question, settings.agent.max_question_chars)  # fail fast, before loading
     options = _run_options(settings, args)
@@ -217,7 +176,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from learning.eval.datasets import bench_spec, load_benchmark
     from learning.eval.runner import run_eval
 
-    settings = Settings()
+    settings = _with_adapter(Settings(), args.adapter)
     progress = Progress()
     data = Path(args.data)
     if not data.exists():
@@ -236,24 +195,42 @@ def cmd_eval(args: argparse.Namespace) -> int:
     settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={"attribute_uncited": False})})
     services = build(settings, say=progress.say, progress=progress.bar)
 
-    def tick(done: int, total: int, item_id: str) -> None:
-        progress.say(f"[{done}/{total}] {item_id}")
+    def tick(label: str) -> Any:
+        return lambda done, total, item_id: progress.say(f"{label}[{done}/{total}] {item_id}")
 
-    async def go() -> Any:
+    runs: list[tuple[str, Any, Path]] = [("agent", services.research, out / "agent" if args.baseline else out)]
+    if args.baseline == "rag":
+        from learning.eval.baseline import RagBaseline
+
+        if "local_search" not in services.tools:
+            raise InputError("--baseline rag needs local_search (a document index)")
+        runs.insert(0, (f"rag k={args.k}", RagBaseline(services.policy, services.tools["local_search"], args.k),
+                        out / "rag"))
+
+    async def go() -> list[Any]:
         try:
-            return await run_eval(args.bench, data, service=services.research, options=options, out_dir=out,
-                                  limit=args.limit, judge=judge, progress=tick, inject_bank=args.inject_bank)
+            return [await run_eval(args.bench, data, service=service, options=options, out_dir=run_out,
+                                   limit=args.limit, judge=judge, progress=tick(f"{label} " if args.baseline else ""),
+                                   inject_bank=args.inject_bank, answer_format=args.format)
+                    for label, service, run_out in runs]
         finally:
             await services.policy.aclose()
             if judge is not None:
                 await judge.aclose()
 
-    summary = asyncio.run(go())
-    print(f"{summary.bench}: {summary.n} items, {summary.n_failed} failed runs, policy {summary.policy_version}, "
-          f"bank injection {summary.injection}, judge {summary.judge_model or 'none'}")
-    for name, value in summary.metrics.items():
-        print(f"  {name:<22} {value:.4f}" if isinstance(value, float) else f"  {name:<22} {value}")
-    print(f"items {summary.items_path}\nsummary {summary.summary_md}\nplot {summary.plot_path}")
+    summaries = asyncio.run(go())
+    for (label, _, _), summary in zip(runs, summaries, strict=True):
+        print(f"{summary.bench} [{label}]: {summary.n} items, {summary.n_failed} failed runs, policy "
+              f"{summary.policy_version}, bank injection {summary.injection}, judge {summary.judge_model or 'none'}")
+        for name, value in summary.metrics.items():
+            print(f"  {name:<22} {value:.4f}" if isinstance(value, float) else f"  {name:<22} {value}")
+        print(f"items {summary.items_path}\nsummary {summary.summary_md}\nplot {summary.plot_path}")
+    if args.baseline:
+        from learning.eval.report import write_comparison
+
+        write_comparison(out / "comparison.md", out / "comparison.png", f"{args.bench}: agent beside the baseline",
+                         {label: s.to_dict() for (label, _, _), s in zip(runs, summaries, strict=True)})
+        print(f"comparison {out / 'comparison.md'}\nplot {out / 'comparison.png'}")
     return 0
 
 
@@ -286,7 +263,8 @@ def parser() -> argparse.ArgumentParser:
     ask.add_argument("--temperature", type=float)
     ask.add_argument("--wall-clock", type=float, dest="wall_clock_s", help="hard time limit in seconds")
     ask.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    ask.add_argument("--adapter", help="a trained LoRA adapter folder (embedded backend), e.g. from rubricem train")
+    ask.add_argument("--adapter", help="a trained LoRA adapter folder (embedded backend), e.g. from rubricem train; "
+                     "`none` for the plain base model (default: the shipped SFT adapter)")
     ask.set_defaults(func=cmd_ask)
     ing = sub.add_parser("ingest", help="add files (txt, md, html, pdf, jsonl) or a folder to the local index")
     ing.add_argument("path")
@@ -305,6 +283,13 @@ def parser() -> argparse.ArgumentParser:
     evl.add_argument("--max-tool-calls", type=int, dest="max_tool_calls")
     evl.add_argument("--seed", type=int)
     evl.add_argument("--temperature", type=float)
+    evl.add_argument("--format", choices=["exact_answer", "short_form", "long_form"],
+                     help="ask every item in this answer format (default: the benchmark's)")
+    evl.add_argument("--baseline", choices=["rag"], help="also run vanilla RAG (one local_search with the question, "
+                     "top k passages, one short answer) with the same policy and index, and compare")
+    evl.add_argument("--k", type=int, default=5, help="passages in the RAG baseline's prompt")
+    evl.add_argument("--adapter", help="a LoRA adapter folder for the embedded policy, or `none` for the base model "
+                     "(default: the shipped SFT adapter)")
     evl.set_defaults(func=cmd_eval)
     ses = sub.add_parser("sessions", help="list or show logged research sessions")
     ses_sub = ses.add_subparsers(dest="action", required=True)
@@ -317,6 +302,7 @@ def parser() -> argparse.ArgumentParser:
     ses.set_defaults(func=cmd_sessions)
     cli_bank.add_parsers(sub)
     cli_train.add_parsers(sub)
+    cli_sft.add_parsers(sub)
     cli_loop.add_parsers(sub)
     cli_batch.add_parsers(sub)
     cli_ui.add_parsers(sub)

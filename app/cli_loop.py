@@ -11,7 +11,7 @@ from app.settings import Settings
 
 def cmd_retrain(args: argparse.Namespace) -> int:
     """Run (or resume) one retraining cycle now."""
-    from app.cli import Progress
+    from app.cli_common import Progress
     from app.scheduler import run_cycle
 
     if not args.now:

@@ -25,7 +25,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train, print one line per step and the adapter to use with `rubricem ask --adapter`."""
     from tqdm import tqdm
 
-    from app.cli import Progress
+    from app.cli_common import Progress
     from app.training import build_trainer
     from learning.grpo import train
     from learning.train_config import load_config

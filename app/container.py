@@ -15,6 +15,7 @@ from typing import Any
 
 from chromadb.api import ClientAPI
 
+from agent.config import SHIPPED_SFT_ADAPTER
 from agent.errors import AgentError
 from agent.ingest import DEMO_SOURCE_PREFIX, ensure_demo_corpus
 from agent.policy import LlamaCppPolicyClient, VLLMPolicyClient
@@ -54,10 +55,12 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
             "Run `make install`, or set RUBRICEM_AGENT__POLICY_BACKEND=vllm|llamacpp."
         ) from exc
     model_dir = cfg.embedded_model_path
+    adapter = cfg.embedded_adapter_path
     if model_dir is None:
         say("Preparing the bundled SmolLM2-135M-Instruct (converted once to safetensors, then cached)...")
         model_dir = ensure_converted(settings.store.model_cache)
-    adapter = cfg.embedded_adapter_path
+        if adapter is None and cfg.embedded_sft and (SHIPPED_SFT_ADAPTER / "adapter_config.json").is_file():
+            adapter = SHIPPED_SFT_ADAPTER  # the shipped adapter fits the bundled model only
     version = adapter_version(adapter) if adapter is not None else "base"
     return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=adapter, version=version)
 

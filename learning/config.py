@@ -67,4 +67,6 @@ class LearningConfig(BaseModel):
 
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     cache_dir: Path | None = Field(default=None, description="Judge cache folder; empty = <data_dir>/judge-cache.")
+    teacher_api_key: SecretStr | None = Field(
+        default=None, description="API key of the `rubricem sft generate --teacher llm` endpoint (never logged).")
     retrain: RetrainConfig = Field(default_factory=RetrainConfig)

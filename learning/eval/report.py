@@ -113,6 +113,47 @@ def summary_markdown(summary: Mapping[str, Any], records: Sequence[Mapping[str, 
     return "\n".join(lines) + "\n"
 
 
+UNBOUNDED = ("seconds", "self_citations")  # per-item means not on a 0-1 scale: in the tables, not the bar charts
+
+COMPARED = ("em", "f1", "cover_em", "support_recall", "self_tagged_stages", "valid_tool_calls", "has_self_citation",
+            "self_citations", "seconds")
+
+
+def write_comparison(md_path: Path, png_path: Path, title: str, runs: Mapping[str, Mapping[str, Any]]) -> None:
+    """A table and a grouped bar chart of several evaluations of one benchmark (e.g. the agent beside vanilla RAG).
+
+    `runs` maps a label to that run's summary dict (`EvalSummary.to_dict()`).
+    """
+    keys = [k for k in COMPARED if any(k in (r.get("metrics") or {}) for r in runs.values())]
+    lines = [f"# {title}", "", "| run | n | " + " | ".join(keys) + " |", "|---|---:|" + "---:|" * len(keys)]
+    for label, r in runs.items():
+        m = r.get("metrics") or {}
+        lines.append(f"| {label} ({r.get('policy_version', '')}) | {r.get('n_scored', r.get('n', ''))} | "
+                     + " | ".join(_fmt(m.get(k)) for k in keys) + " |")
+    md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bounded = [k for k in keys if k not in UNBOUNDED]
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    try:
+        width = 0.8 / max(1, len(runs))
+        for n, (label, r) in enumerate(runs.items()):
+            m = r.get("metrics") or {}
+            xs = [i + n * width for i in range(len(bounded))]
+            ax.bar(xs, [float(m.get(k) or 0.0) for k in bounded], width, label=label)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(bounded))], bounded, rotation=20, fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+        ax.set_title(title)
+        fig.tight_layout()
+        fig.savefig(png_path, dpi=100)
+    finally:
+        plt.close(fig)
+
+
 def write_plot(path: Path, title: str, metrics: Mapping[str, float], primary: str, per_item: Sequence[float]) -> Path:
     """A PNG with the metric means (bars) and the distribution of the primary metric over items (histogram)."""
     import matplotlib
@@ -123,7 +164,7 @@ def write_plot(path: Path, title: str, metrics: Mapping[str, float], primary: st
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     try:
-        names = list(metrics)
+        names = [k for k in metrics if k not in UNBOUNDED]
         if names:
             values = [metrics[k] for k in names]
             left.barh(names, values, color="#4C72B0")

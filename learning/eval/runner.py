@@ -19,6 +19,7 @@ from agent.report import Report
 from learning.errors import JudgeError
 from learning.eval import report as rep
 from learning.eval import scoring
+from learning.eval.compliance import compliance
 from learning.eval.datasets import BenchSpec, EvalError, EvalItem, bench_spec, load_benchmark
 from learning.judge.types import JsonJudge, Usage
 from store.records import Trajectory
@@ -27,6 +28,7 @@ _log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, str], None]
 
+COMPLIANCE_METRICS = ("self_tagged_stages", "valid_tool_calls", "self_citations", "has_self_citation")
 ITEMS_FILE, SUMMARY_JSON, SUMMARY_MD, PLOT_FILE, MANIFEST_FILE = (
     "items.jsonl", "summary.json", "summary.md", "plot.png", "run.json",
 )  # fmt: skip
@@ -168,14 +170,15 @@ async def _run_item(
     options: RunOptions,
     judge: JsonJudge | None,
     injection: str,
+    answer_format: str | None = None,
 ) -> dict[str, Any]:
     record: dict[str, Any] = {
-        "id": item.id, "bench": spec.name, "format": item.format, "injection": injection,
+        "id": item.id, "bench": spec.name, "format": answer_format or item.format, "injection": injection,
         "question": item.question, "answers": list(item.answers),
     }  # fmt: skip
     started = time.monotonic()
     try:
-        outcome = await service.run(item.question, options.model_copy(update={"format": item.format}))
+        outcome = await service.run(item.question, options.model_copy(update={"format": answer_format or item.format}))
     except Exception as exc:  # noqa: BLE001 - any failed run is recorded and the batch goes on (session marked failed)
         record.update(
             status="failed",
@@ -192,6 +195,11 @@ async def _run_item(
         answer=outcome.report.body,
     )  # fmt: skip
     await _score(spec, item, outcome, judge, record)
+    record["metrics"]["seconds"] = record["seconds"]
+    if getattr(outcome, "scaffold", True):  # a baseline has no scaffold to comply with
+        figures = compliance(outcome.trajectory)
+        record["compliance"] = figures
+        record["metrics"].update({k: figures[k] for k in COMPLIANCE_METRICS})
     return record
 
 
@@ -228,7 +236,8 @@ def _summarise(
         n_judge_failed=sum(1 for r in ok if "judge_error" in r),
         metrics=metrics, metric_counts=counts, primary_metric=primary,
         policy_version=str(manifest["policy_version"]), judge_model=judge.model if judge is not None else None,
-        injection=str(manifest["injection"]), format=items[0].format if items else "",
+        injection=str(manifest["injection"]),
+        format=str(manifest.get("answer_format") or (items[0].format if items else "")),
         data_dir=str(manifest["data_dir"]),
         grader_prompt_version=scoring.grader_prompt_version() if judge is not None else None,
         judge_usage=_usage_dict(usage),
@@ -257,6 +266,7 @@ async def run_eval(
     progress: Progress | None = None,
     inject_bank: bool = False,
     retry_failed: bool = False,
+    answer_format: str | None = None,
 ) -> EvalSummary:
     """Run the agent on a benchmark and score it with the benchmark's own method.
 
@@ -277,6 +287,7 @@ async def run_eval(
         progress: called as progress(done, total, item_id) after each item (skipped ones included).
         inject_bank: retrieve rubric-bank reflections into prompts (only for the inference-time reuse study).
         retry_failed: rerun items whose earlier run failed instead of keeping the failure.
+        answer_format: ask every item in this format instead of the benchmark's (recorded in the manifest).
 
     Raises:
         UnknownBenchmarkError, DatasetError: bad benchmark name or data (nothing is run or written).
@@ -293,6 +304,8 @@ async def run_eval(
     injection = "on" if inject_bank else "off"
     run_options = options.model_copy(update={"inject_bank": inject_bank})
     manifest = _manifest(spec, Path(data_dir), service.policy.policy_version, judge, injection, run_options)
+    if answer_format:
+        manifest["answer_format"] = answer_format
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _check_resume(out_dir, manifest)
@@ -303,7 +316,7 @@ async def run_eval(
     for done, item in enumerate(items, 1):
         old = records.get(item.id)
         if old is None or (retry_failed and old.get("status") != "ok"):
-            record = await _run_item(spec, item, service, run_options, judge, injection)
+            record = await _run_item(spec, item, service, run_options, judge, injection, answer_format)
             record["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
             rep.append_record(items_path, record)
             records[item.id] = record

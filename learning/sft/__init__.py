@@ -1,0 +1,1 @@
+"""SFT distillation (METHOD §10): teacher trajectories, rejection rules, post-processing and LoRA training."""
