@@ -16,7 +16,8 @@ FormatLabel = Literal["exact_answer", "short_form", "long_form"]
 
 
 class StageTokenCaps(BaseModel):
-    """Maximum new tokens per generation call, by stage (research is per tool-call turn)."""
+    """Maximum new tokens per generation call, by stage (research is per tool-call turn; a research turn that ends in
+    the review may use research + review)."""
 
     plan: int = Field(default=384, ge=8, le=32768)
     research: int = Field(default=256, ge=8, le=32768)

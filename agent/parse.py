@@ -27,8 +27,8 @@ SCAFFOLD_TAGS = (
 _TAG_NAMES = "|".join(sorted(SCAFFOLD_TAGS, key=len, reverse=True))
 _TAG = re.compile(rf"</?(?:{_TAG_NAMES})\b[^<>]*>", re.IGNORECASE)
 # A scaffold tag that was never closed (`<call_tool name=x` ...) up to the line end, or any tag fragment a length
-# limit cut at the very end of the text (`</s`).
-_TAG_FRAGMENT = re.compile(rf"</?(?:{_TAG_NAMES})\b[^<>\n]*|</?[A-Za-z_][\w:-]*$", re.IGNORECASE)
+# limit cut at the very end of the text (`</s`, or a bare `</`).
+_TAG_FRAGMENT = re.compile(rf"</?(?:{_TAG_NAMES})\b[^<>\n]*|</?[A-Za-z_][\w:-]*$|</?$", re.IGNORECASE)
 # Whole blocks that belong to earlier stages and must never reach the report.
 _PROCESS_BLOCK = re.compile(
     r"<(state_evaluation|structured_plan|review|rubric_review|rubrics_review|writing_plan|tool_output|call_tool|"
