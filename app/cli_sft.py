@@ -113,7 +113,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         say(f"step {row['step']}/{row['of']}: loss {row['loss']:.4f} | lr {row['lr']:.2e} | "
             f"{row['tokens_per_second']:.0f} tok/s | {row['seconds']:.1f}s")
 
-    init = _resolve_adapter(args.init_adapter, settings) if args.init_adapter else None
+    init = resolve_adapter(args.init_adapter, settings) if args.init_adapter else None
     result = train_sft(examples, model_dir, out, cfg, init_adapter=init, max_steps=args.max_steps, on_step=on_step)
     plot = plot_loss(result.metrics, out / "loss.png")
     if plot is not None:
@@ -129,7 +129,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve_adapter(value: str, settings: Settings) -> Path:
+def resolve_adapter(value: str, settings: Settings) -> Path:
     """An adapter folder, or a registry version name (`policy@N`) resolved to its folder."""
     path = Path(value)
     if path.is_dir():

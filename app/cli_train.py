@@ -32,7 +32,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.config is None and args.preset is None:
         raise ValueError("give --config FILE.toml or --preset NAME (e.g. --preset cpu-smoke)")
-    cfg = load_config(Path(args.config) if args.config else None, args.preset, steps=args.steps,
+    init = None
+    if args.init_adapter:
+        from app.cli_sft import resolve_adapter
+
+        init = resolve_adapter(args.init_adapter, Settings())
+    cfg = load_config(Path(args.config) if args.config else None, args.preset, steps=args.steps, init_adapter=init,
                       out_dir=Path(args.out) if args.out else None)
     settings = Settings()
     say = Progress().say
@@ -72,4 +77,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     tr.add_argument("--preset", help="a built-in configuration: cpu-smoke")
     tr.add_argument("--steps", type=int, help="override the number of steps")
     tr.add_argument("--out", help="run folder (default DATA_DIR/runs/NAME); an existing run resumes")
+    tr.add_argument("--init-adapter", help="start RL from this adapter folder or registry version (e.g. the SFT "
+                    "adapter agent/adapters/smollm2-sft, or policy@N)")
     tr.set_defaults(func=cmd_train)

@@ -6,7 +6,6 @@ deployment never loads torch.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +20,7 @@ from agent.ingest import DEMO_SOURCE_PREFIX, ensure_demo_corpus
 from agent.policy import LlamaCppPolicyClient, VLLMPolicyClient
 from agent.protocols import PolicyClient, SearchTool
 from agent.tools.registry import build_tools
-from app.service import ResearchService
+from app.service import ResearchService, adapter_version
 from app.settings import Settings
 from store.doc_index import DocIndex, open_index_client
 from store.embeddings import embed_texts
@@ -55,22 +54,29 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
             "Run `make install`, or set RUBRICEM_AGENT__POLICY_BACKEND=vllm|llamacpp."
         ) from exc
     model_dir = cfg.embedded_model_path
-    adapter = cfg.embedded_adapter_path
     if model_dir is None:
         say("Preparing the bundled SmolLM2-135M-Instruct (converted once to safetensors, then cached)...")
         model_dir = ensure_converted(settings.store.model_cache)
-        if adapter is None and cfg.embedded_sft and (SHIPPED_SFT_ADAPTER / "adapter_config.json").is_file():
-            adapter = SHIPPED_SFT_ADAPTER  # the shipped adapter fits the bundled model only
+    adapter = base_adapter(settings)
     version = adapter_version(adapter) if adapter is not None else "base"
     return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=adapter, version=version)
 
 
-def adapter_version(path: Path) -> str:
-    """The version name a trained adapter carries (rubricem.json, written by training), else its folder name."""
-    try:
-        return str(json.loads((Path(path) / "rubricem.json").read_text())["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return Path(path).name
+def base_adapter(settings: Settings) -> Path | None:
+    """The adapter the embedded policy starts with, which the registry's `base` version stands for.
+
+    An explicit `embedded_adapter_path`; else, for the bundled model (the only one it fits), the shipped SFT adapter
+    unless `embedded_sft` is off; else None (the plain weights). A deployment whose live version is `base` serves this,
+    and retraining from `base` starts from it (RL after SFT, METHOD §10).
+    """
+    cfg = settings.agent
+    if cfg.policy_backend != "embedded":
+        return None
+    if cfg.embedded_adapter_path is not None:
+        return cfg.embedded_adapter_path
+    if cfg.embedded_model_path is None and cfg.embedded_sft and (SHIPPED_SFT_ADAPTER / "adapter_config.json").is_file():
+        return SHIPPED_SFT_ADAPTER
+    return None
 
 
 def open_index(settings: Settings, client: ClientAPI | None = None) -> DocIndex:
@@ -125,7 +131,8 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
     tools = build_tools(settings.agent, index)
     registry = Registry(log)
     embed = partial(embed_texts, model_name=settings.store.embedding_model) if settings.agent.attribute_uncited else None
-    research = ResearchService(policy, tools, log, settings.agent, bank, live=registry, embed=embed)
+    research = ResearchService(policy, tools, log, settings.agent, bank, live=registry, embed=embed,
+                               base_adapter=base_adapter(settings))
     return Services(settings, log, index, tools, policy, research, bank, registry)
 
 

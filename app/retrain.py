@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import RunOptions, StageTokenCaps
-from app.container import Say, build_judge, build_policy, ensure_corpus, open_index
-from app.service import ResearchService
+from app.container import Say, base_adapter, build_judge, build_policy, ensure_corpus, open_index
+from app.service import ResearchService, adapter_version
 from app.settings import Settings
 from learning.evaluate import Probe
 from learning.pipeline import RetrainParts
@@ -100,7 +100,8 @@ class RetrainApp:
         caps = r.max_token_caps
         cfg = load_config(None, None, name=cycle.cycle_id, out_dir=run_dir, questions=qfile, steps=r.steps,
                           rollouts=r.rollouts, batch_questions=min(r.batch_questions, len(questions)), lr=r.lr,
-                          init_adapter=Path(live.adapter_path) if live.adapter_path else None, plan_tokens=caps,
+                          init_adapter=Path(live.adapter_path) if live.adapter_path else base_adapter(self.settings),
+                          plan_tokens=caps,
                           research_tokens=max(16, caps // 2), review_tokens=caps, answer_tokens=caps,
                           max_tool_calls=2, reflection_candidates=2, reflection_tokens=max(16, caps),
                           curriculum_window=1)
@@ -149,7 +150,10 @@ class RetrainApp:
                 await policy.load_lora_adapter(version.name, version.adapter_path)
             policy.set_model(version.name)
             return
-        if version.adapter_path is None:
+        start = base_adapter(self.settings)
+        if version.adapter_path is None and start is not None:  # `base` is the deployment's starting adapter
+            await policy.aload_adapter(start, adapter_version(start))
+        elif version.adapter_path is None:
             await policy.aunload_adapter()
         else:
             await policy.aload_adapter(version.adapter_path, version.name)

@@ -6,10 +6,12 @@ The CLI (and later the Streamlit UI and batch runner) call this; none of them co
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from agent.config import AgentConfig, RunOptions
@@ -35,6 +37,14 @@ class RunFailedError(Exception):
     def __init__(self, session_id: str | None, message: str) -> None:
         super().__init__(message)
         self.session_id = session_id
+
+
+def adapter_version(path: Path) -> str:
+    """The version name a trained adapter carries (rubricem.json, written by training), else its folder name."""
+    try:
+        return str(json.loads((Path(path) / "rubricem.json").read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return Path(path).name
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +131,13 @@ class ResearchService:
         bank: ReflectionBank | None = None,
         live: LiveVersion | None = None,
         embed: Embed | None = None,
+        base_adapter: Path | None = None,
     ) -> None:
-        """`embed` (texts → normalised vectors) lets an uncited answer get references matched after writing."""
+        """`embed` (texts → normalised vectors) lets an uncited answer get references matched after writing;
+        `base_adapter` is what the registry's `base` version serves (app.container.base_adapter: the SFT adapter)."""
         self.policy, self.tools, self.log, self.config, self.bank = policy, dict(tools), log, config, bank
         self.live, self.embed = live, embed
+        self.base_adapter = base_adapter
         self._swap_lock = asyncio.Lock()
 
     async def sync_live(self, sink: EventSink) -> None:
@@ -139,6 +152,8 @@ class ResearchService:
         async with self._swap_lock:
             try:
                 name, adapter = await asyncio.to_thread(self.live.current)
+                if adapter is None and self.base_adapter is not None:  # `base` is the deployment's starting adapter
+                    adapter, name = str(self.base_adapter), adapter_version(self.base_adapter)
                 if name == self.policy.policy_version:
                     return
                 set_model = getattr(self.policy, "set_model", None)
