@@ -283,6 +283,7 @@ def parser() -> argparse.ArgumentParser:
     evl.add_argument("--max-tool-calls", type=int, dest="max_tool_calls")
     evl.add_argument("--seed", type=int)
     evl.add_argument("--temperature", type=float)
+    evl.add_argument("--wall-clock", type=float, dest="wall_clock_s", help="hard time limit per question, seconds")
     evl.add_argument("--format", choices=["exact_answer", "short_form", "long_form"],
                      help="ask every item in this answer format (default: the benchmark's)")
     evl.add_argument("--baseline", choices=["rag"], help="also run vanilla RAG (one local_search with the question, "
