@@ -16,8 +16,7 @@ FormatLabel = Literal["exact_answer", "short_form", "long_form"]
 
 
 class StageTokenCaps(BaseModel):
-    """Maximum new tokens per generation call, by stage (research is per tool-call turn; a research turn that ends in
-    the review may use research + review)."""
+    """Maximum new tokens per generation call, by stage (research is per tool-call turn)."""
 
     plan: int = Field(default=384, ge=8, le=32768)
     research: int = Field(default=256, ge=8, le=32768)

@@ -48,9 +48,7 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
         deps.recorder.event("research_stopped", {"reason": reason, "tool_calls": n_calls})
         return Command(goto="review")
     deps.recorder.event("stage", {"stage": "research", "turn": n_calls + 1})
-    # A research turn may end in the review (path B, METHOD §3.1): it gets room for both.
-    caps = deps.options.token_caps
-    gen = await w.sample("research", STOPS, caps.research + caps.review)
+    gen = await w.sample("research", STOPS, deps.options.token_caps.research)
     if gen.stop is None and gen.finish_reason == "stop" and _open_call(gen.text):
         # A server that drops stop strings and could not say which one matched: an open call means </call_tool>.
         gen = replace(gen, stop="</call_tool>")
