@@ -12,6 +12,7 @@ A malformed file raises `QuestionFileError` naming the line (JSONL) or the item 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -201,7 +202,8 @@ def _jsonl_item(obj: Any, where: str) -> SFTQuestion:
             raise QuestionFileError(f"{where}: hop {k + 1} needs non-empty `query`, `title` and `text`")
         hops.append(Hop(need=str(h.get("need") or h["query"]), query=h["query"], title=h["title"], text=h["text"],
                         statement=clip(str(h.get("statement") or h["text"])), answer=str(h.get("answer", ""))))
-    qid = str(obj.get("id") or f"q{abs(hash(question)) % 10**10}")
+    # A stable id (str hash() is salted per process, which would break resuming a generation run).
+    qid = str(obj.get("id") or "q" + hashlib.sha256(question.strip().encode()).hexdigest()[:12])
     return SFTQuestion(qid, question.strip(), tuple(answers), tuple(hops), str(obj.get("source", "jsonl")),
                        str(obj.get("kind", "")), fmt)
 
@@ -219,7 +221,7 @@ def load_questions(path: Path) -> list[SFTQuestion]:
         raise QuestionFileError(f"{path}: cannot read the questions file ({exc})") from exc
     items: list[SFTQuestion] = []
     if path.suffix == ".jsonl":
-        for lineno, line in enumerate(raw.splitlines(), 1):
+        for lineno, line in enumerate(raw.split("\n"), 1):  # not splitlines(): U+2028 may sit inside a string
             if not line.strip():
                 continue
             try:

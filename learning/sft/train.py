@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import random
+import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -197,14 +198,10 @@ def _save_checkpoint(root: Path, step: int, model: Any, opt: Any, sched: Any, ke
     torch.save(sched.state_dict(), tmp / "scheduler.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step}))
     if folder.exists():
-        import shutil
-
         shutil.rmtree(folder)
     tmp.rename(folder)
     done = sorted(p for p in (root / CHECKPOINTS).glob("step-*") if not p.name.endswith(".tmp"))
     for old in done[:-keep]:
-        import shutil
-
         shutil.rmtree(old, ignore_errors=True)
     return folder
 
