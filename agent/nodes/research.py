@@ -10,6 +10,7 @@ from langgraph.types import Command
 
 from agent.deps import AgentDeps
 from agent.parse import CallParseError, parse_tool_call
+from agent.protocols import Generation
 from agent.sequence import SequenceWriter
 from agent.state import ResearchState
 
@@ -67,8 +68,33 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
         # An answer without a review: drop it; the review node forces <review> first.
         deps.recorder.event("dropped", {"stage": "research", "reason": "answer before review"})
         return Command(goto="review")
+    if gen.finish_reason == "length" and _open_review(gen.text):
+        return await _finish_review(w, deps, gen)
     w.keep("research", gen)  # EOS or length: keep what was said, then review
     return Command(goto="review", update={"turns": w.new})
+
+
+def _open_review(text: str) -> bool:
+    low = text.lower()
+    return low.rfind("<review>") > low.rfind("</review>")
+
+
+async def _finish_review(w: SequenceWriter, deps: AgentDeps, gen: Generation) -> Command[Literal["answer"]]:
+    """The final research turn ran out of the research cap inside its own <review>: the model opened the review
+    itself, so it finishes it under the review cap (a distilled final turn, think + evaluation + review, is often
+    longer than one research turn). Recorded as review, like path B; a continuation that cannot close the review
+    gets a forced closing tag (so the review does not count as self-tagged)."""
+    w.keep("review", gen)
+    rest = await w.sample("review", ("</review>", "</answer>"), deps.options.token_caps.review)
+    if rest.stop == "</review>":
+        await w.keep_closed("review", rest, "</review>")
+    else:
+        if rest.stop == "</answer>":  # an answer inside the review: drop it, as the review node does
+            deps.recorder.event("dropped", {"stage": "review", "reason": "answer inside the review"})
+        else:
+            w.keep("review", rest)  # EOS or length again: keep what was said
+        await w.insert("review", "</review>")
+    return Command(goto="answer", update={"turns": w.new})
 
 
 def _open_call(text: str) -> bool:

@@ -9,8 +9,9 @@ from agent.config import RunOptions, StageTokenCaps
 from agent.deps import AgentDeps
 from agent.run import RunResult, execute, render_prompt
 from agent.tools.ids import CounterCallIds
+from learning.eval.compliance import compliance
 from store.records import STAGES, loss_mask, stage_spans
-from tests.agent.scripts import PLAN, stage_of, well_formed
+from tests.agent.scripts import PLAN, SNIPPET_ID, stage_of, well_formed
 from tests.fakes import ScriptedPolicy
 
 RAW_TAG = re.compile(r"</?(think|answer|cite|review|call_tool|tool_output|snippet|structured_plan)\b")
@@ -132,6 +133,36 @@ def test_length_limited_turns_are_kept_and_closed(local_tools: dict) -> None:  #
     assert sampled and all(len(t.token_ids) <= 40 for t in sampled)
     assert all(t.finish_reason == "length" for t in sampled)
     assert traj.assistant_text.count("</structured_plan>") == 1
+
+
+def test_a_final_turn_cut_inside_its_own_review_finishes_the_review_under_the_review_cap(local_tools: dict) -> None:  # type: ignore[type-arg]
+    review = "<review><rubric_review>" + "Item 1 is satisfied by the first snippet. " * 6 + "</rubric_review>"
+    tail = "<writing_plan>State it.</writing_plan></review>"
+
+    def script(context: str, stop: list[str]) -> str:
+        stage = stage_of(stop)
+        if stage == "plan":
+            return PLAN
+        if stage == "research":
+            if "</tool_output>" not in context:
+                return '\n<call_tool name="local_search">Haymo of Faversham</call_tool>'
+            return "<think>Enough.</think><state_evaluation>Covered.</state_evaluation>\n" + review + tail
+        if stage == "review":  # the continuation: whatever of the review the research cap cut off
+            written = context[context.rindex("</tool_output>"):]
+            full = "<think>Enough.</think><state_evaluation>Covered.</state_evaluation>\n" + review + tail
+            return full[len(written) - len("</tool_output>"):]
+        ids = SNIPPET_ID.findall(context)
+        return f'<answer>It was <cite id="{ids[0]}">Latin</cite>.</answer>'
+
+    caps = StageTokenCaps(research=120, review=400)
+    traj = run(ScriptedPolicy(script), local_tools, token_caps=caps).trajectory
+    text = traj.assistant_text
+    assert text.count("<review>") == 1 and text.count("</review>") == 1
+    assert "Item 1 is satisfied" in text and text.index("</review>") > text.index("<writing_plan>")
+    review_turns = [t for t in traj.turns if t.stage == "review"]
+    assert [t.kind for t in review_turns] == ["sampled", "sampled"]  # cut turn + continuation, nothing forced
+    assert review_turns[0].finish_reason == "length"
+    assert compliance(traj)["stages_self_tagged"] == ["plan", "research", "review", "answer"]
 
 
 def test_oversized_tool_output_is_cut_to_fit_and_only_shown_snippets_count(small_index) -> None:  # type: ignore[no-untyped-def]
