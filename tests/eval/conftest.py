@@ -1,9 +1,12 @@
-"""Eval fixtures: the shared benchmark data (skipped when absent), a small real index over the passages of the first
-two corpus-paired HotpotQA questions, a scripted policy service and an OpenAI-compatible judge stand-in."""
+"""Eval fixtures: the shared benchmark data (skipped when absent), a small real index over the bundled passages of the
+first two corpus-paired HotpotQA questions, a scripted policy service and an OpenAI-compatible judge stand-in.
+
+Only tests that read the shared benchmark files ask for `shared_data` or `wiki_dir`; the index and the scripted service
+are built from the demo corpus bundled in the repository, so the runner's failure, resume and judge paths run on a
+fresh clone too."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +26,25 @@ from tests.judge.openai_standin import OpenAIStandIn
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"
 WIKI = SHARED_DATA / "wiki_multihop_corpus"
+# The context titles of the first two questions in wiki_multihop_corpus/hotpotqa_train.json ("If Gallu is a demon Lilu
+# is what?", "Are Christopher Nolan and Sathish Kalathil both film directors?"); all are in the bundled demo corpus.
+HOTPOT_TITLES = (
+    "Demon Dice", "Demon algorithm", "Maha Sona", "Wangliang", "The Hythrun Chronicles", "Lilu (mythology)",
+    "Leyenda de Azul", "Lilu (ancient China)", "Arthur? Arthur!", "Alû",
+    "Christopher Nolan", "The Prestige (film)", "The Dark Knight Rises", "Veena Vaadanam", "Jalachhayam",
+    "Sathish Kalathil", "Bangladesh Film Directors Association", "Influence of Stanley Kubrick",
+    "Laloorinu Parayanullathu", "Zeitgeist Films",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """/work/shared/data (located relative to the repo); the test is skipped when it is not there."""
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared benchmark data not found at {SHARED_DATA} (tests read it; the project never needs it)")
+        pytest.skip(
+            f"reads the shared benchmark files, not found at {SHARED_DATA} (only tests read them; the project "
+            "never needs them)"
+        )
     return SHARED_DATA
 
 
@@ -42,14 +57,10 @@ def wiki_dir(shared_data: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def hotpot_index(wiki_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> DocIndex:
-    """A real index (Chroma + MiniLM + BM25) over the demo-corpus passages of the first two HotpotQA questions."""
-    questions = json.loads((wiki_dir / "hotpotqa_train.json").read_text(encoding="utf-8"))[:2]
-
-    def pick(corpus: dict[str, list[str]]) -> dict[str, None]:
-        return dict.fromkeys(title for q in questions for title, _ in q["context"] if title in corpus)
-
-    return passage_index(tmp_path_factory.mktemp("eval-index"), pick)
+def hotpot_index(tmp_path_factory: pytest.TempPathFactory) -> DocIndex:
+    """A real index (Chroma + MiniLM + BM25) over the bundled demo-corpus passages of the first two HotpotQA questions
+    (needs no shared data)."""
+    return passage_index(tmp_path_factory.mktemp("eval-index"), lambda corpus: HOTPOT_TITLES)
 
 
 @pytest.fixture

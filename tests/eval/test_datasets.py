@@ -1,4 +1,5 @@
-"""Benchmark loaders on the real shared data files, and clear typed errors for bad folders and files."""
+"""Benchmark loaders on the real shared data files (skipped without them), and clear typed errors for bad folders and
+files (on data each test writes)."""
 
 from __future__ import annotations
 
@@ -128,6 +129,10 @@ def test_generic_shortform_csv_and_healthbench_shape_checks(tmp_path: Path) -> N
         load_benchmark("healthbench", hb)
 
 
-def test_limit_must_be_positive(wiki_dir: Path) -> None:
-    with pytest.raises(ValueError):
-        load_benchmark("hotpotqa", wiki_dir, limit=0)
+def test_limit_must_be_positive(tmp_path: Path) -> None:
+    rows = [{"id": f"h{i}", "question": f"Question {i}?", "answer": f"a{i}"} for i in range(3)]
+    (tmp_path / "hotpotqa_500.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"limit must be at least 1, got {bad}"):
+            load_benchmark("hotpotqa", tmp_path, limit=bad)
+    assert [i.id for i in load_benchmark("hotpotqa", tmp_path, limit=2)] == ["h0", "h1"]  # the same file loads

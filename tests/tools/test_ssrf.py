@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import threading
 
 import pytest
 from tools_support import LocalServer, Reply
@@ -184,9 +185,13 @@ def test_size_cap_while_streaming_without_length(server: LocalServer) -> None:
 
 
 def test_time_cap_on_a_slow_server(server: LocalServer) -> None:
-    server.route("/slow", Reply(200, b"<p>late</p>", {"Content-Type": "text/html"}, delay_s=3.0))
-    with pytest.raises(SearchError, match="did not load"):
-        asyncio.run(_fetcher(timeout_s=0.5).fetch(f"{server.root}/slow"))
+    answer = threading.Event()  # the server answers only after the test: the fetcher's time cap is certain to fire
+    server.route("/slow", Reply(200, b"<p>late</p>", {"Content-Type": "text/html"}, hold=answer))
+    try:
+        with pytest.raises(SearchError, match="did not load"):
+            asyncio.run(_fetcher(timeout_s=0.5).fetch(f"{server.root}/slow"))
+    finally:
+        answer.set()
 
 
 def test_time_cap_covers_a_dripping_body(server: LocalServer) -> None:

@@ -34,7 +34,11 @@ class Request:
 
 @dataclass
 class Reply:
-    """What a route answers. `chunks` (if given) is streamed instead of `body`, `delay_s` passes before any byte."""
+    """What a route answers. `chunks` (if given) is streamed instead of `body`, `delay_s` passes before any byte.
+
+    `hold`: no byte is sent until this event is set, so a client's timeout fires first whatever the machine's load
+    (set it when the test ends, e.g. in a `finally`).
+    """
 
     status: int = 200
     body: bytes = b""
@@ -42,6 +46,7 @@ class Reply:
     chunks: Iterable[bytes] | None = None
     chunk_delay_s: float = 0.0
     delay_s: float = 0.0
+    hold: threading.Event | None = None
 
     @staticmethod
     def json(obj: object, status: int = 200) -> Reply:
@@ -86,6 +91,8 @@ class LocalServer:
                 handler = server.routes.get(split.path)
                 reply = handler(req) if handler else Reply(404, b"not found", {"Content-Type": "text/plain"})
                 time.sleep(reply.delay_s)
+                if reply.hold is not None:
+                    reply.hold.wait()
                 try:
                     self.send_response(reply.status)
                     for name, value in reply.headers.items():
