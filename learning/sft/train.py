@@ -316,6 +316,7 @@ def train_sft(
         "final_loss": rows[-1]["loss"] if rows else None,
         "first_loss": rows[0]["loss"] if rows else None,
         "teachers": sorted({str(ex.get("teacher", "?")) for ex in examples}),
+        "init_adapter": str(init_adapter) if init_adapter is not None else None,
     }
     adapter = save_adapter(accelerator.unwrap_model(model), out_dir / "adapter", meta)
     return SFTResult(adapter, stop, rows, meta, accelerator.unwrap_model(model))

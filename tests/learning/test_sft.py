@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -350,3 +351,34 @@ def test_resume_after_an_interruption_takes_the_same_next_step(smollm2_dir: Path
     a = load_file(str(straight.adapter / "adapter_model.safetensors"))
     b = load_file(str(resumed.adapter / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_a_second_stage_continues_from_the_shipped_adapter_and_provenance_lists_both(smollm2_dir: Path,
+                                                                                     tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from learning.sft.ship import ship
+    from learning.sft.train import preset, train_sft
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "report.json").write_text(json.dumps({"outcomes": {"kept": 2}}))
+    dest = tmp_path / "shipped"
+    cfg = preset("tiny", gradient_checkpointing=False, dtype="float32")
+    train_sft(_tiny_examples(), smollm2_dir, tmp_path / "run", cfg, max_steps=1)
+    stage1 = load_file(str(ship(data, dest, [tmp_path / "run"]) / "adapter_model.safetensors"))
+    assert all(v.dtype == torch.bfloat16 for v in stage1.values())
+    second = train_sft(_tiny_examples(), smollm2_dir, tmp_path / "run-2", replace(cfg, seed=1), init_adapter=dest,
+                       max_steps=1)
+    assert second.meta["init_adapter"] == str(dest)
+    shipped = ship(data, dest, [tmp_path / "run", tmp_path / "run-2"])
+    final = load_file(str(shipped / "adapter_model.safetensors"))
+    trained = load_file(str(second.adapter / "adapter_model.safetensors"))
+    assert final.keys() == stage1.keys() == trained.keys()
+    assert all(torch.equal(final[k], trained[k].to(torch.bfloat16)) for k in final)
+    assert any(not torch.equal(final[k], stage1[k]) for k in final)  # stage 2 moved on from stage 1
+    provenance = (shipped / "PROVENANCE.md").read_text()
+    assert "- stage 1:" in provenance and "- stage 2:" in provenance and "--init-adapter" in provenance
+    assert json.loads((shipped / "rubricem.json").read_text())["stages"] == 2
