@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import string
 from pathlib import Path
 
@@ -98,10 +99,11 @@ def test_search_backend_timeouts_and_5xx_become_tool_errors_and_the_run_continue
     local_tools: dict, log: SessionLog  # type: ignore[type-arg]
 ) -> None:
     srv = LocalServer()
+    held = threading.Event()  # the third reply is sent only after the run: its timeout is certain under load
     try:
         replies = iter([Reply(status=503, body=b"down"), Reply.json({"organic": []}, status=200)])
-        srv.route("/search", lambda req: next(replies, Reply(delay_s=3.0, body=b"{}")))
-        google = GoogleSearch("secret-key-123", url=srv.root + "/search", timeout_s=1.0)
+        srv.route("/search", lambda req: next(replies, Reply(hold=held, body=b"{}")))
+        google = GoogleSearch("secret-key-123", url=srv.root + "/search", timeout_s=2.0)
         tools = {**local_tools, "google_search": google}
 
         def script(context: str, stop: list[str]) -> str:
@@ -117,9 +119,11 @@ def test_search_backend_timeouts_and_5xx_become_tool_errors_and_the_run_continue
 
         out = asyncio.run(service(ScriptedPolicy(script), tools, log).run("Haymo's era language?"))
     finally:
+        held.set()
         srv.close()
     calls = out.trajectory.tool_calls
     assert [c.error is not None for c in calls] == [True, False, True]
+    assert "timed out" in (calls[2].error or "")
     assert "503" in (calls[0].error or "") and "secret-key-123" not in (calls[0].error or "")
     assert "Error:" in out.trajectory.assistant_text
     rec = log.get(out.session_id)

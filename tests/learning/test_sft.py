@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -242,13 +243,17 @@ def test_a_failing_teacher_is_counted_never_written(openai_standin: object, demo
     from tests.judge.openai_standin import Reply
 
     standin = openai_standin
+    held = threading.Event()  # the timeout's reply is sent only after the test: the timeout is certain under load
     replies = {"http-500": Reply(status=500), "empty": Reply(content=""),
                "answers-without-searching": Reply(content="<scratchpad>easy</scratchpad><answer>Latin</answer>"),
-               "timeout": Reply(content="late", delay_s=2.0)}
+               "timeout": Reply(content="late", hold=held)}
     standin.responder = lambda _req: replies[mode]  # type: ignore[attr-defined]
     tools = {"local_search": demo_search}
-    teacher = LLMTeacher(standin.root, "t", tools, timeout_s=0.5)  # type: ignore[attr-defined,arg-type]
-    report = asyncio.run(generate([demo_question], tmp_path, teacher, tools))  # type: ignore[arg-type]
+    teacher = LLMTeacher(standin.root, "t", tools, timeout_s=2.0)  # type: ignore[attr-defined,arg-type]
+    try:
+        report = asyncio.run(generate([demo_question], tmp_path, teacher, tools))  # type: ignore[arg-type]
+    finally:
+        held.set()
     expected = "missing_structure" if mode == "answers-without-searching" else "teacher_error"
     assert report.outcomes == {expected: 1}
     assert not list(kept_examples(tmp_path))
