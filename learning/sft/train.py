@@ -188,6 +188,26 @@ def _sequence_loss(model: Any, enc: Encoded, device: torch.device) -> tuple[torc
     return torch.nn.functional.cross_entropy(logits, labels[keep], reduction="sum"), int(keep.numel())
 
 
+def sft_step(model: Any, opt: Any, sched: Any, batch: Sequence[Encoded], accelerator: Any,
+             max_grad_norm: float) -> tuple[float, float]:
+    """One optimizer step over `batch`: the loss is the token-level mean over every trained token of the step (each
+    sequence's summed NLL divided by the step's trained-token count), then clipping, the optimizer and scheduler
+    steps. Returns (mean loss, gradient norm before clipping)."""
+    params = trainable_parameters(model)
+    n_tokens = sum(e.trained for e in batch)
+    loss_sum = 0.0
+    for enc in batch:
+        loss, n = _sequence_loss(model, enc, accelerator.device)
+        if n:
+            accelerator.backward(loss / max(1, n_tokens))
+            loss_sum += float(loss.detach())
+    norm = accelerator.clip_grad_norm_(params, max_grad_norm)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return loss_sum / max(1, n_tokens), float(norm)
+
+
 def _save_checkpoint(root: Path, step: int, model: Any, opt: Any, sched: Any, keep: int) -> Path:
     folder = root / CHECKPOINTS / f"step-{step:06d}"
     tmp = folder.with_name(folder.name + ".tmp")
@@ -276,25 +296,15 @@ def train_sft(
         rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= start))
     stop = min(total, max_steps) if max_steps is not None else total
-    device = accelerator.device
     model.train()
     for step in range(start, stop):
         t0 = time.monotonic()
         batch = [encoded[i] for i in seq_order[step * cfg.grad_accum : (step + 1) * cfg.grad_accum]]
+        mean_loss, norm = sft_step(model, opt, sched, batch, accelerator, cfg.max_grad_norm)
         n_tokens = sum(e.trained for e in batch)
-        loss_sum = 0.0
-        for enc in batch:
-            loss, n = _sequence_loss(model, enc, device)
-            if n:
-                accelerator.backward(loss / max(1, n_tokens))
-                loss_sum += float(loss.detach())
-        norm = accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
         seconds = time.monotonic() - t0
-        row = {"step": step + 1, "of": total, "loss": loss_sum / max(1, n_tokens), "lr": sched.get_last_lr()[0],
-               "grad_norm": float(norm), "trained_tokens": n_tokens,
+        row = {"step": step + 1, "of": total, "loss": mean_loss, "lr": sched.get_last_lr()[0],
+               "grad_norm": norm, "trained_tokens": n_tokens,
                "tokens": sum(len(e.input_ids) for e in batch), "seconds": round(seconds, 3),
                "tokens_per_second": round(sum(len(e.input_ids) for e in batch) / max(seconds, 1e-9), 1)}
         with open(metrics_path, "a", encoding="utf-8") as fh:

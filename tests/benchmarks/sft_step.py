@@ -10,9 +10,7 @@ trained positions through a JSON spec; each runs in its own subprocess (so its p
 thread count, does `--warmup` steps, then `--reps` timed steps; the median is reported, with the process's CPU
 seconds per step (steadier than wall time on a shared machine).
 
-* ours: the body of `train_sft`'s step loop, restated here because `train_sft` has no per-step entry point (it uses
-  the private `learning.sft.train._sequence_loss`; a public `sft_step(model, opt, sched, batch, accelerator, cfg)`
-  in train.py would let this call it directly). Model from `learning.model.load_trainable` with the preset's LoRA,
+* ours: `learning.sft.train.sft_step`, the step `train_sft` runs. Model from `learning.model.load_trainable` with the preset's LoRA,
   dtype and activation checkpointing, `torch.optim.AdamW`, `accelerate.Accelerator.prepare`. Timed: for each
   sequence the forward (LM head only at trained positions) + backward of its summed NLL divided by the step's trained
   tokens (a token-level mean over the step), gradient clipping, the optimizer and scheduler steps, zero_grad. The
@@ -109,20 +107,17 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     from accelerate import Accelerator
 
     from learning.model import load_trainable, trainable_parameters
-    from learning.sft.train import Encoded, _sequence_loss
+    from learning.sft.train import Encoded, sft_step
 
     cfg = _config(spec)
     torch.manual_seed(cfg.seed)
     model, _ = load_trainable(spec["model"], lora=cfg.lora, dtype=cfg.dtype,
                               gradient_checkpointing=cfg.gradient_checkpointing, seed=cfg.seed)
     accelerator = Accelerator(cpu=spec["device"] == "cpu")
-    params = trainable_parameters(model)
-    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _s: 1.0)  # constant, as TRL's side
     model, opt = accelerator.prepare(model, opt)
     batch = [Encoded(s["input_ids"], s["labels"]) for s in spec["batch"]["seqs"]]
-    n_tokens = sum(e.trained for e in batch)
-    device = accelerator.device
     model.train()
     mem = PeakMemory(spec["device"])
     times, cpu_times, losses = [], [], []
@@ -130,21 +125,12 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     for i in range(spec["warmup"] + spec["reps"]):
         _sync(spec["device"])
         t0, c0 = time.perf_counter(), time.process_time()
-        loss_sum = 0.0
-        for enc in batch:
-            loss, n = _sequence_loss(model, enc, device)
-            if n:
-                accelerator.backward(loss / max(1, n_tokens))
-                loss_sum += float(loss.detach())
-        accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
+        loss, _norm = sft_step(model, opt, sched, batch, accelerator, cfg.max_grad_norm)
         _sync(spec["device"])
         if i >= spec["warmup"]:
             times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)
-        losses.append(loss_sum / max(1, n_tokens))
+        losses.append(loss)
     flop_params = model_flop_params(accelerator.unwrap_model(model))
     return _result(spec, times, cpu_times, mem, spec["batch"]["tokens"], losses, flop_params)
 
