@@ -1,0 +1,135 @@
+"""Judgements of completed sessions (and the sessions still to judge), and the per-question rubric buffers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from store.errors import InvalidInput, SessionNotCompleted
+from store.session_log.codec import _iso, _label_in, _mapping_in
+from store.session_log.connection import SessionLogBase
+
+
+@dataclass(frozen=True, slots=True)
+class JudgementRecord:
+    """One stored judgement (or recorded judging failure) of a session."""
+
+    judgement_id: int
+    session_id: str
+    judge_model: str
+    payload: dict[str, Any]
+    status: str  # "ok" | "failed"
+    error: str | None
+    judge_kind: str
+    rubric_version: str
+    created_at: str
+
+
+class JudgementsMixin(SessionLogBase):
+    """Judge results per session, the queue of completed sessions not yet judged, and rubric-buffer persistence."""
+
+    def record_judgement(
+        self,
+        session_id: str,
+        judge_model: str,
+        payload: Mapping[str, object],
+        *,
+        status: Literal["ok", "failed"] = "ok",
+        error: str | None = None,
+        judge_kind: str = "llm",
+        rubric_version: str = "",
+    ) -> int:
+        """Store a judgement of a completed session; returns its id.
+
+        An "ok" judgement takes the session out of `completed_unjudged`; a "failed" one is a recorded failure (with
+        its error), and the session is offered for judging again.
+
+        Raises:
+            InvalidInput: Bad model name, payload, status or kind (nothing was written).
+            SessionNotFound: Unknown id.
+            SessionNotCompleted: The session is running or failed.
+        """
+        if status not in ("ok", "failed"):
+            raise InvalidInput(f"judgement status must be 'ok' or 'failed', got {status!r}")
+        if status == "failed" and not error:
+            raise InvalidInput("a failed judgement needs an error message")
+        values = (
+            _label_in(judge_model, "judge_model"),
+            _mapping_in(payload, "payload"),
+            status,
+            error,
+            _label_in(judge_kind, "judge_kind"),
+            _label_in(rubric_version, "rubric_version", allow_empty=True),
+        )
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            current = self._status(conn, session_id)
+            if current != "completed":
+                raise SessionNotCompleted(session_id, current, "record a judgement")
+            cursor = conn.execute(
+                "INSERT INTO judgements (session_id, judge_model, payload_json, status, error, judge_kind, "
+                "rubric_version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, *values, now),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def judgements(self, session_id: str) -> list[JudgementRecord]:
+        """Every judgement of a session, oldest first (failed attempts included)."""
+        with self._transaction("DEFERRED") as conn:
+            self._status(conn, session_id)
+            rows = conn.execute(
+                "SELECT judgement_id, judge_model, payload_json, status, error, judge_kind, rubric_version, created_at "
+                "FROM judgements WHERE session_id = ? ORDER BY judgement_id",
+                (session_id,),
+            ).fetchall()
+        return [
+            JudgementRecord(int(r[0]), session_id, r[1], json.loads(r[2]), r[3], r[4], r[5], r[6], r[7]) for r in rows
+        ]
+
+    def completed_unjudged(self, since: datetime | None = None, limit: int | None = None) -> list[str]:
+        """Ids of completed sessions without any judgement, oldest completion first.
+
+        Args:
+            since: Only sessions that finished at or after this moment (naive datetimes are taken as UTC).
+            limit: At most this many ids; None for all.
+
+        Raises:
+            InvalidInput: `limit` < 1 or `since` not a datetime.
+        """
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise InvalidInput(f"limit must be None or an int >= 1, got {limit!r}")
+        if since is not None and not isinstance(since, datetime):
+            raise InvalidInput(f"since must be a datetime, got {type(since).__name__}")
+        with self._transaction("DEFERRED") as conn:
+            rows = conn.execute(
+                "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND s.finished_at >= ? "
+                "AND NOT EXISTS (SELECT 1 FROM judgements j WHERE j.session_id = s.session_id AND j.status = 'ok') "
+                "ORDER BY s.finished_at, s.rowid LIMIT ?",
+                ("" if since is None else _iso(since), -1 if limit is None else limit),
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def save_rubric_buffer(self, question_sha: str, question: str, payload: Mapping[str, object]) -> int:
+        """Insert or replace the rubric buffer of a question; returns its new version (1, 2, ...)."""
+        values = (_label_in(question_sha, "question_sha"), _mapping_in(payload, "payload"))
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            row = conn.execute("SELECT version FROM rubric_buffers WHERE question_sha = ?", (values[0],)).fetchone()
+            version = int(row[0]) + 1 if row else 1
+            conn.execute(
+                "INSERT OR REPLACE INTO rubric_buffers (question_sha, question, payload_json, version, updated_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (values[0], question, values[1], version, now),
+            )
+            return version
+
+    def load_rubric_buffer(self, question_sha: str) -> tuple[dict[str, Any], int] | None:
+        """The saved buffer payload of a question and its version, or None."""
+        with self._transaction("DEFERRED") as conn:
+            row = conn.execute(
+                "SELECT payload_json, version FROM rubric_buffers WHERE question_sha = ?", (question_sha,)
+            ).fetchone()
+        return (json.loads(row[0]), int(row[1])) if row else None

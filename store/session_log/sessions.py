@@ -1,0 +1,443 @@
+"""Sessions, their turns and tool calls: creating, appending, flagging, finishing, crash recovery and reading back."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal, get_args
+
+from store.errors import DuplicateSession, InvalidInput, SessionNotFound
+from store.records import (
+    STAGES,
+    PromptRecord,
+    SessionRecord,
+    SessionStatus,
+    Snippet,
+    ToolCallRecord,
+    Trajectory,
+    Turn,
+    TurnKind,
+)
+from store.session_log.codec import (
+    _FINISH_REASONS,
+    _SOURCES,
+    _choice,
+    _iso,
+    _json_in,
+    _label_in,
+    _mapping_in,
+    _opt_text_in,
+    _opt_text_out,
+    _pack_floats,
+    _pack_ids,
+    _text_in,
+    _text_out,
+    _unpack_floats,
+    _unpack_ids,
+)
+from store.session_log.connection import SessionLogBase
+
+_STATUSES: tuple[str, ...] = get_args(SessionStatus)
+_KINDS: tuple[str, ...] = get_args(TurnKind)
+
+_STALE_ERROR = "marked failed by crash recovery: still 'running' with no write for longer than {older_than}"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """One row of `list_sessions`: enough for a listing, without turns or token data."""
+
+    session_id: str
+    question: str
+    status: SessionStatus
+    created_at: str
+    finished_at: str | None
+    policy_version: str
+    n_turns: int
+    n_tool_calls: int
+    malformed: bool
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _TurnRow:
+    stage: str
+    kind: str
+    text: str | bytes
+    token_ids: bytes
+    logprobs: bytes
+    policy_version: str
+    prompt_sha: str
+    token_source: str
+    finish_reason: str | None
+
+
+def _turn_row(turn: object) -> _TurnRow:
+    if not isinstance(turn, Turn):
+        raise InvalidInput(f"expected a Turn, got {type(turn).__name__}")
+    ids = _pack_ids(turn.token_ids, "turn")
+    logprobs = _pack_floats(turn.logprobs, "turn")
+    # Turn checks alignment in __post_init__, but a store must not trust that the caller did not bypass it.
+    if logprobs and len(logprobs) // 8 != len(ids) // 4:
+        raise InvalidInput("turn: logprobs must be empty or one per token id")
+    return _TurnRow(
+        stage=_choice(turn.stage, STAGES, "turn.stage"),
+        kind=_choice(turn.kind, _KINDS, "turn.kind"),
+        text=_text_in(turn.text, "turn.text"),
+        token_ids=ids,
+        logprobs=logprobs,
+        policy_version=_label_in(turn.policy_version, "turn.policy_version"),
+        prompt_sha=_label_in(turn.prompt_sha, "turn.prompt_sha", allow_empty=True),
+        token_source=_choice(turn.token_source, _SOURCES, "turn.token_source"),
+        finish_reason=None if turn.finish_reason is None else _choice(
+            turn.finish_reason, _FINISH_REASONS, "turn.finish_reason"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _CallRow:
+    tool: str | bytes
+    query: str | bytes
+    attrs_json: str
+    error: str | bytes | None
+    seconds: float
+    snippets: tuple[tuple[str | bytes, str | bytes, str | bytes, str | bytes, str | bytes], ...]
+
+
+def _call_row(call: object) -> _CallRow:
+    if not isinstance(call, ToolCallRecord):
+        raise InvalidInput(f"expected a ToolCallRecord, got {type(call).__name__}")
+    if not isinstance(call.attrs, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in call.attrs.items()
+    ):
+        raise InvalidInput("tool call attrs must map str to str")
+    try:
+        seconds = float(call.seconds)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"tool call seconds must be a number: {exc}") from exc
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidInput(f"tool call seconds must be finite and >= 0, got {seconds}")
+    snippets = []
+    for snippet in call.snippets:
+        if not isinstance(snippet, Snippet):
+            raise InvalidInput(f"expected a Snippet, got {type(snippet).__name__}")
+        snippets.append((
+            _text_in(snippet.id, "snippet.id"), _text_in(snippet.tool, "snippet.tool"),
+            _text_in(snippet.title, "snippet.title"), _text_in(snippet.text, "snippet.text"),
+            _text_in(snippet.url, "snippet.url"),
+        ))
+    return _CallRow(
+        tool=_text_in(call.tool, "tool call tool"),
+        query=_text_in(call.query, "tool call query"),
+        attrs_json=_json_in(dict(call.attrs), "tool call attrs"),
+        error=_opt_text_in(call.error, "tool call error"),
+        seconds=seconds,
+        snippets=tuple(snippets),
+    )
+
+
+class SessionsMixin(SessionLogBase):
+    """Sessions with their turns and tool calls: writes that commit one at a time, and reads of whole records."""
+
+    # -- writes --
+
+    def create_session(
+        self,
+        question: str,
+        prompt: PromptRecord,
+        options: Mapping[str, object],
+        policy_version: str,
+        session_id: str | None = None,
+    ) -> str:
+        """Start a session with status "running".
+
+        Args:
+            question: The user's question, verbatim.
+            prompt: The rendered prompt the assistant sequence continues.
+            options: The run options as JSON-serialisable data, e.g. `RunOptions.model_dump(mode="json")`; never
+                secrets. Read back as plain JSON (tuples become lists).
+            policy_version: The adapter serving this run, e.g. "policy@17".
+            session_id: The id to use; a uuid4 hex is generated when None.
+
+        Returns:
+            The session id.
+
+        Raises:
+            InvalidInput: A value cannot be stored (nothing was written).
+            DuplicateSession: `session_id` is already taken.
+        """
+        sid = uuid.uuid4().hex if session_id is None else _label_in(session_id, "session_id")
+        if not isinstance(prompt, PromptRecord):
+            raise InvalidInput(f"prompt must be a PromptRecord, got {type(prompt).__name__}")
+        values = (
+            sid, _text_in(question, "question"), _label_in(policy_version, "policy_version"),
+            _mapping_in(options, "options"), _text_in(prompt.text, "prompt.text"),
+            _pack_ids(prompt.token_ids, "prompt"), _label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True),
+        )
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (sid,)).fetchone():
+                raise DuplicateSession(sid)
+            conn.execute(
+                "INSERT INTO sessions (session_id, question, policy_version, options_json, prompt_text, "
+                "prompt_token_ids, prompt_sha, status, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+                (*values, now, now),
+            )
+        return sid
+
+    def append_turn(self, session_id: str, turn: Turn) -> int:
+        """Append the next turn of a running session and commit it at once.
+
+        Args:
+            session_id: A running session.
+            turn: The turn, exactly as produced.
+
+        Returns:
+            The turn's 0-based index in the assistant sequence.
+
+        Raises:
+            InvalidInput: The turn cannot be stored (nothing was written).
+            SessionNotFound: Unknown id.
+            SessionNotRunning: The session already finished.
+        """
+        row = _turn_row(turn)  # validate and encode before taking the lock
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            self._require_running(conn, session_id, "append a turn")
+            idx = int(conn.execute(
+                "SELECT COALESCE(MAX(idx) + 1, 0) FROM turns WHERE session_id = ?", (session_id,)
+            ).fetchone()[0])
+            conn.execute(
+                "INSERT INTO turns (session_id, idx, stage, kind, text, token_ids, logprobs, policy_version, "
+                "prompt_sha, token_source, finish_reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, idx, row.stage, row.kind, row.text, row.token_ids, row.logprobs, row.policy_version,
+                 row.prompt_sha, row.token_source, row.finish_reason, now),
+            )
+            conn.execute("UPDATE sessions SET updated_at = ? WHERE session_id = ?", (now, session_id))
+        return idx
+
+    def append_tool_call(self, session_id: str, call: ToolCallRecord) -> int:
+        """Record an executed (or refused) tool call with its snippets, committed at once.
+
+        Args:
+            session_id: A running session.
+            call: The call and what came back.
+
+        Returns:
+            The call's 0-based index within the session.
+
+        Raises:
+            InvalidInput: The call cannot be stored (nothing was written).
+            SessionNotFound: Unknown id.
+            SessionNotRunning: The session already finished.
+        """
+        row = _call_row(call)
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            self._require_running(conn, session_id, "append a tool call")
+            idx = int(conn.execute(
+                "SELECT COALESCE(MAX(idx) + 1, 0) FROM tool_calls WHERE session_id = ?", (session_id,)
+            ).fetchone()[0])
+            conn.execute(
+                "INSERT INTO tool_calls (session_id, idx, tool, query, attrs_json, error, seconds, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, idx, row.tool, row.query, row.attrs_json, row.error, row.seconds, now),
+            )
+            conn.executemany(
+                "INSERT INTO snippets (session_id, call_idx, position, snippet_id, tool, title, text, url) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(session_id, idx, pos, *snippet) for pos, snippet in enumerate(row.snippets)],
+            )
+            conn.execute("UPDATE sessions SET updated_at = ? WHERE session_id = ?", (now, session_id))
+        return idx
+
+    def set_flags(
+        self,
+        session_id: str,
+        *,
+        malformed: bool | None = None,
+        max_consecutive_tool_errors: int | None = None,
+        injected_bank_items: Sequence[str] | None = None,
+    ) -> None:
+        """Update trajectory-level flags of a running session; None leaves a flag unchanged.
+
+        Raises:
+            InvalidInput: A flag has the wrong type or range (nothing was written).
+            SessionNotFound: Unknown id.
+            SessionNotRunning: The session already finished.
+        """
+        updates: dict[str, object] = {}
+        if malformed is not None:
+            if not isinstance(malformed, bool):
+                raise InvalidInput(f"malformed must be a bool, got {malformed!r}")
+            updates["malformed"] = int(malformed)
+        if max_consecutive_tool_errors is not None:
+            n_errors = max_consecutive_tool_errors
+            if isinstance(n_errors, bool) or not isinstance(n_errors, int) or n_errors < 0:
+                raise InvalidInput(f"max_consecutive_tool_errors must be an int >= 0, got {n_errors!r}")
+            updates["max_consecutive_tool_errors"] = n_errors
+        if injected_bank_items is not None:
+            # A bare str is a Sequence[str] too; storing its characters as ids would be a silent bug.
+            if isinstance(injected_bank_items, str) or not all(isinstance(i, str) for i in injected_bank_items):
+                raise InvalidInput("injected_bank_items must be a sequence of str ids")
+            updates["injected_bank_items_json"] = _json_in(list(injected_bank_items), "injected_bank_items")
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            self._require_running(conn, session_id, "set flags")
+            assignments = ", ".join(f"{column} = ?" for column in updates)  # column names are ours, not input
+            conn.execute(
+                f"UPDATE sessions SET {assignments + ', ' if assignments else ''}updated_at = ? WHERE session_id = ?",
+                (*updates.values(), now, session_id),
+            )
+
+    def finish(
+        self,
+        session_id: str,
+        status: Literal["completed", "failed"],
+        *,
+        report: str | None = None,
+        error: str | None = None,
+        metrics: Mapping[str, object] | None = None,
+    ) -> None:
+        """Close a running session as completed or failed; afterwards it is immutable.
+
+        Args:
+            session_id: A running session.
+            status: "completed" (eligible for judging and training) or "failed" (never trained on).
+            report: The final Markdown report.
+            error: Why the run failed.
+            metrics: JSON-serialisable run metrics (timings, counts).
+
+        Raises:
+            InvalidInput: Bad status or values (nothing was written).
+            SessionNotFound: Unknown id.
+            SessionNotRunning: The session already finished (e.g. finishing twice).
+        """
+        final = _choice(status, ("completed", "failed"), "status")
+        values = (
+            _opt_text_in(report, "report"), _opt_text_in(error, "error"),
+            _mapping_in({} if metrics is None else metrics, "metrics"),
+        )
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            self._require_running(conn, session_id, f"finish as {final}")
+            conn.execute(
+                "UPDATE sessions SET status = ?, report = ?, error = ?, metrics_json = ?, finished_at = ?, "
+                "updated_at = ? WHERE session_id = ?",
+                (final, *values, now, now, session_id),
+            )
+
+    def mark_stale_running_failed(self, older_than: timedelta) -> int:
+        """Crash recovery: fail sessions still "running" whose last write is at least `older_than` ago.
+
+        A process that died mid-run leaves its session running forever; call this at start-up with a margin larger
+        than any live run's gap between writes. The turns already written are kept.
+
+        Returns:
+            How many sessions were marked failed.
+        """
+        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+            raise InvalidInput(f"older_than must be a timedelta >= 0, got {older_than!r}")
+        now_dt = self._clock()
+        now, cutoff = _iso(now_dt), _iso(now_dt - older_than)
+        with self._transaction("IMMEDIATE") as conn:
+            cursor = conn.execute(
+                "UPDATE sessions SET status = 'failed', finished_at = ?, updated_at = ?, "
+                "error = COALESCE(error, ?) WHERE status = 'running' AND updated_at <= ?",
+                (now, now, _STALE_ERROR.format(older_than=older_than), cutoff),
+            )
+            return cursor.rowcount
+
+    # -- reads --
+
+    def get(self, session_id: str) -> SessionRecord:
+        """Read a session back with its full trajectory (turns and tool calls in order, token data exact).
+
+        Raises:
+            SessionNotFound: Unknown id.
+        """
+        with self._transaction("DEFERRED") as conn:
+            s = conn.execute(
+                "SELECT question, status, created_at, finished_at, policy_version, options_json, prompt_text, "
+                "prompt_token_ids, prompt_sha, malformed, max_consecutive_tool_errors, injected_bank_items_json, "
+                "report, error, metrics_json FROM sessions WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+            if s is None:
+                raise SessionNotFound(session_id)
+            turn_rows = conn.execute(
+                "SELECT stage, kind, text, token_ids, logprobs, policy_version, prompt_sha, token_source, "
+                "finish_reason FROM turns WHERE session_id = ? ORDER BY idx",
+                (session_id,),
+            ).fetchall()
+            call_rows = conn.execute(
+                "SELECT idx, tool, query, attrs_json, error, seconds FROM tool_calls WHERE session_id = ? ORDER BY idx",
+                (session_id,),
+            ).fetchall()
+            snippet_rows = conn.execute(
+                "SELECT call_idx, snippet_id, tool, title, text, url FROM snippets WHERE session_id = ? "
+                "ORDER BY call_idx, position",
+                (session_id,),
+            ).fetchall()
+        turns = tuple(
+            Turn(stage=r[0], kind=r[1], text=_text_out(r[2]), token_ids=_unpack_ids(r[3]),
+                 logprobs=_unpack_floats(r[4]), policy_version=r[5], prompt_sha=r[6],
+                 token_source=r[7], finish_reason=r[8])
+            for r in turn_rows
+        )
+        by_call: dict[int, list[Snippet]] = {}
+        for r in snippet_rows:
+            by_call.setdefault(r[0], []).append(Snippet(
+                id=_text_out(r[1]), tool=_text_out(r[2]), title=_text_out(r[3]), text=_text_out(r[4]),
+                url=_text_out(r[5])))
+        calls = tuple(
+            ToolCallRecord(tool=_text_out(r[1]), query=_text_out(r[2]), attrs=json.loads(r[3]),
+                           snippets=tuple(by_call.get(r[0], ())), error=_opt_text_out(r[4]), seconds=r[5])
+            for r in call_rows
+        )
+        trajectory = Trajectory(
+            session_id=session_id,
+            question=_text_out(s[0]),
+            prompt=PromptRecord(text=_text_out(s[6]), token_ids=_unpack_ids(s[7]), prompt_sha=s[8]),
+            turns=turns,
+            tool_calls=calls,
+            malformed=bool(s[9]),
+            max_consecutive_tool_errors=int(s[10]),
+            injected_bank_items=tuple(json.loads(s[11])),
+        )
+        return SessionRecord(
+            session_id=session_id, question=trajectory.question, status=s[1], created_at=s[2], finished_at=s[3],
+            policy_version=s[4], options=json.loads(s[5]), trajectory=trajectory, report=_opt_text_out(s[12]),
+            error=_opt_text_out(s[13]), metrics=json.loads(s[14]),
+        )
+
+    def list_sessions(self, limit: int = 50, status: str | None = None) -> list[SessionSummary]:
+        """Newest sessions first (by creation), optionally only those with `status`.
+
+        Raises:
+            InvalidInput: `limit` < 1 or an unknown status.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInput(f"limit must be an int >= 1, got {limit!r}")
+        where, params = "", []
+        if status is not None:
+            where, params = "WHERE s.status = ?", [_choice(status, _STATUSES, "status")]
+        with self._transaction("DEFERRED") as conn:
+            rows = conn.execute(
+                "SELECT s.session_id, s.question, s.status, s.created_at, s.finished_at, s.policy_version, "
+                "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.session_id), "
+                "(SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = s.session_id), s.malformed, s.error "
+                f"FROM sessions s {where} ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?",
+                (*params, limit),
+            ).fetchall()
+        return [
+            SessionSummary(session_id=r[0], question=_text_out(r[1]), status=r[2], created_at=r[3], finished_at=r[4],
+                           policy_version=r[5], n_turns=int(r[6]), n_tool_calls=int(r[7]), malformed=bool(r[8]),
+                           error=_opt_text_out(r[9]))
+            for r in rows
+        ]
