@@ -1,6 +1,6 @@
 """Protocols at the agent's boundaries: the policy it samples from, the tools it calls and the rubric bank it reads.
 
-Real adapters live in `agent/policy.py`, `agent/tools/` and (for the in-process torch backend) `learning/`;
+Real adapters live in `agent/policy/`, `agent/tools/` and (for the in-process torch backend) `learning/`;
 test doubles live only in `tests/fakes.py`.
 """
 
