@@ -70,7 +70,8 @@ class AgentConfig(BaseModel):
     embedded_adapter_path: Path | None = Field(default=None, description="PEFT LoRA adapter folder to load at start.")
     embedded_sft: bool = Field(
         default=False, description="With the bundled model and no adapter path, load the shipped SFT adapter "
-        "(agent/adapters/smollm2-sft: an early, under-trained SFT checkpoint; off until it beats the base model).")
+        "(agent/adapters/smollm2-sft: it follows the scaffold but does not answer well yet; off until it beats "
+        "vanilla RAG on the base model).")
     embedded_dtype: Literal["bfloat16", "float32"] = Field(default="bfloat16")
 
     attribute_uncited: bool = Field(
