@@ -45,15 +45,22 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
     w = SequenceWriter(deps, state["prompt"], state.get("turns", []))
     n_calls = state.get("n_tool_calls", 0)
     reason = "budget" if n_calls >= deps.options.max_tool_calls else _out_of_room(w, deps)
+    final = reason is not None and _final_turn_fits(w, deps, reason)
     if reason:
-        deps.recorder.event("research_stopped", {"reason": reason, "tool_calls": n_calls})
-        return Command(goto="review")
-    deps.recorder.event("stage", {"stage": "research", "turn": n_calls + 1})
+        deps.recorder.event("research_stopped", {"reason": reason, "tool_calls": n_calls, "final_turn": final})
+        if not final:
+            return Command(goto="review")
+    deps.recorder.event("stage", {"stage": "research", "turn": n_calls + 1, "final": final})
     gen = await w.sample("research", STOPS, deps.options.token_caps.research)
     if gen.stop is None and gen.finish_reason == "stop" and _open_call(gen.text):
         # A server that drops stop strings and could not say which one matched: an open call means </call_tool>.
         gen = replace(gen, stop="</call_tool>")
-    if gen.stop not in CALL_STOPS and n_calls == 0 and (tool := default_tool(deps)):
+    if final and gen.stop in CALL_STOPS:
+        # No tool runs past the budget: the sample is dropped whole (its tokens stay consistent) and the review
+        # node forces <review>.
+        deps.recorder.event("dropped", {"stage": "research", "reason": "tool call past the tool budget"})
+        return Command(goto="review")
+    if not final and gen.stop not in CALL_STOPS and n_calls == 0 and (tool := default_tool(deps)):
         return await _forced_first_call(w, deps, tool)
     if gen.stop in CALL_STOPS:
         await w.keep_closed("research", gen, gen.stop)
@@ -72,6 +79,16 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
         return await _finish_review(w, deps, gen)
     w.keep("research", gen)  # EOS or length: keep what was said, then review
     return Command(goto="review", update={"turns": w.new})
+
+
+def _final_turn_fits(w: SequenceWriter, deps: AgentDeps, reason: str) -> bool:
+    """After the tool budget (or when the context has no room for another tool output), the model still gets one
+    tool-free turn to evaluate its evidence and open its own review, as the distilled trajectories do after their
+    last search; a stop for time goes straight to the forced review."""
+    if reason == "time":
+        return False
+    caps = deps.options.token_caps
+    return w.tokens_used() + caps.research + caps.review + caps.answer <= deps.options.context_tokens
 
 
 def _open_review(text: str) -> bool:

@@ -177,6 +177,7 @@ _DONE = (
     "All rubric items are satisfied by the snippets found, so I can review and answer.",
     "The evidence now covers the whole checklist. Time to review.",
 )
+CITE_CHARS = 120  # longest quote inside a <cite>
 _LEAD = ("The answer is", "In short, the answer is", "The evidence points to", "Answer:")
 
 
@@ -259,7 +260,7 @@ class _Writer:
             "Constraints as directives: no unsupported claims; every sentence carries its snippet id.",
             "Directives: answer directly, cite the snippets, add nothing from memory.",
         ))
-        shape = {"exact_answer": "the exact answer in \\boxed{}, after the cited evidence",
+        shape = {"exact_answer": "the exact answer in \\boxed{} first, then the cited evidence",
                  "short_form": "one short paragraph: the answer first, then the cited evidence",
                  "long_form": "a short report: the answer, then a section on the evidence chain"}[self.fmt]
         cmap = ", ".join(f"{g.id} for step {k}" for k, g in enumerate(self.gold, 1))
@@ -268,11 +269,13 @@ class _Writer:
                 f"<writing_plan>{plan}</writing_plan>\n</review>")
 
     def answer(self) -> str:
-        cites = [f'<cite id="{g.id}">{clip(h.statement, 200)}</cite>' for g, h in zip(self.gold, self.q.hops,
-                                                                                        strict=True)]
+        # The answer comes first and each quote is short: a small student that copies long quotes drifts into
+        # loops before it reaches the answer (the stage-2 adapter did, on held-out questions).
+        cites = [f'<cite id="{g.id}">{clip(h.statement, CITE_CHARS)}</cite>' for g, h in zip(self.gold, self.q.hops,
+                                                                                               strict=True)]
         answer = self.q.answer
         if self.fmt == "exact_answer":
-            body = " ".join(cites) + f" \\boxed{{{answer}}}"
+            body = f"\\boxed{{{answer}}} " + " ".join(cites)
         elif self.fmt == "short_form":
             body = f"{self.pick(_LEAD)} {answer}. " + " ".join(cites)
         else:

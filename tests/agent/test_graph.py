@@ -96,7 +96,33 @@ def test_endless_tool_calls_stop_at_the_budget(local_tools: dict) -> None:  # ty
     traj = run(policy, local_tools, max_tool_calls=3).trajectory
     assert len(traj.tool_calls) == 3
     assert [t.stage for t in traj.turns if t.kind == "sampled"][-2:] == ["review", "answer"]
-    assert len(policy.calls) == 1 + 3 + 1 + 1  # plan, three research turns, review, answer
+    # plan, three research turns, the tool-free final turn (its fourth call is dropped whole), review, answer
+    assert len(policy.calls) == 1 + 3 + 1 + 1 + 1
+    assert traj.assistant_text.count("<call_tool") == 3
+    assert [t.text for t in traj.turns if t.kind == "forced"] == ["\n<review>"]
+
+
+def test_after_the_tool_budget_the_model_writes_its_own_review(local_tools: dict) -> None:  # type: ignore[type-arg]
+    final = ("<think>Two searches are enough.</think><state_evaluation>Covered.</state_evaluation>\n"
+             "<review><rubric_review>Item 1 satisfied.</rubric_review><writing_plan>State it.</writing_plan></review>")
+    seen: list[str] = []
+
+    def script(context: str, stop: list[str]) -> str:
+        stage = stage_of(stop)
+        seen.append(stage)
+        if stage == "plan":
+            return PLAN
+        if stage == "research":
+            n = context.count("</tool_output>")
+            return final if n == 2 else f'\n<call_tool name="local_search">Haymo of Faversham {n}</call_tool>'
+        ids = SNIPPET_ID.findall(context)
+        return f'<answer>It was <cite id="{ids[0]}">Latin</cite>.</answer>'
+
+    traj = run(ScriptedPolicy(script), local_tools, max_tool_calls=2).trajectory
+    assert len(traj.tool_calls) == 2
+    assert seen == ["plan", "research", "research", "research", "answer"]  # no review node: nothing forced
+    assert [t.kind for t in traj.turns if t.kind == "forced"] == []
+    assert compliance(traj)["stages_self_tagged"] == ["plan", "research", "review", "answer"]
 
 
 def test_unknown_tool_and_empty_query_are_tool_errors_and_counted(local_tools: dict) -> None:  # type: ignore[type-arg]
