@@ -37,6 +37,8 @@ GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DIRNAME = "smollm2-135m-instruct"
 MARKER_FILENAME = ".rubricem-converted.json"
 _CONVERSION_FORMAT = 1  # bump to force a re-conversion of existing caches
+LOOP_WINDOW = 32  # tokens; a window sampled for the LOOP_REPEATS-th time ends the generation (see LoopGuard)
+LOOP_REPEATS = 3
 
 
 class ModelConversionError(RuntimeError):
@@ -540,6 +542,7 @@ class TransformersPolicyClient:
         generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         ids: list[int] = []
         logprobs: list[float] = []
+        guard = LoopGuard()
         with torch.inference_mode():
             logits = self._prefill(prompt)
             for step in range(max_tokens):
@@ -559,6 +562,8 @@ class TransformersPolicyClient:
                     if hit is not None:
                         # this token completed the stop string (it was absent a step ago): keep it and stop here
                         return self._finish(ids, logprobs, "stop", hit[1], version)
+                if guard.looping(ids):
+                    return self._finish(ids, logprobs, "length", None, version)
                 if step + 1 < max_tokens:
                     logits = self._step(token)
         return self._finish(ids, logprobs, "length", None, version)
@@ -573,6 +578,30 @@ class TransformersPolicyClient:
             policy_version=version,
             token_source="server",
         )
+
+
+class LoopGuard:
+    """Ends a generation stuck in a verbatim loop: once the same LOOP_WINDOW-token window has been sampled
+    LOOP_REPEATS times, the generation stops as if it had reached its token cap (finish_reason "length", so every node
+    treats it as cut off and closes the stage itself).
+
+    Why: a small model that starts copying a passage or a citation can repeat it until the cap (hundreds of tokens,
+    tens of seconds on a CPU) and the report shows the loop. Stopping is only an earlier stop: the kept tokens and
+    their logprobs are exactly what was sampled, so a rollout stays a valid sample for the trainer. vLLM has no such
+    rule; it only changes how long a looping in-process generation runs.
+    """
+
+    def __init__(self, window: int = LOOP_WINDOW, repeats: int = LOOP_REPEATS) -> None:
+        self.window, self.repeats = window, repeats
+        self._seen: dict[tuple[int, ...], int] = {}
+
+    def looping(self, ids: Sequence[int]) -> bool:
+        """Call after each new token with all tokens so far; True once the latest window was seen `repeats` times."""
+        if len(ids) < self.window:
+            return False
+        key = tuple(ids[-self.window:])
+        self._seen[key] = self._seen.get(key, 0) + 1
+        return self._seen[key] >= self.repeats
 
 
 def _earliest_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:

@@ -24,6 +24,8 @@ TRAIN_CMDS = (
     "rubricem sft train --data .cache/sft/data --out .cache/sft/run --preset cpu --threads 2 --no-register",
     f"rubricem sft train --data .cache/sft/data --out .cache/sft/run-2 --preset cpu --init-adapter {DEST} "
     "--epochs 1 --seed 1 --threads 2 --no-register",
+    f"rubricem sft train --data .cache/sft/data --out .cache/sft/run-3 --preset cpu --init-adapter {DEST} "
+    "--epochs 0.5 --seed 2 --threads 2 --no-register",
 )
 
 
@@ -40,6 +42,7 @@ def _stage_lines(n: int, run_dir: Path) -> list[str]:
         "tokens/s)",
         f"  - loss (mean NLL of trained tokens): first step {meta['first_loss']:.4f}, last step "
         f"{meta['final_loss']:.4f}",
+        f"  - data hash `{meta['data_sha']}` ({meta['examples']} trajectories)",
     ]
 
 
@@ -75,7 +78,8 @@ def ship(data_dir: Path, dest: Path, run_dirs: Sequence[Path]) -> Path:
         lines += _stage_lines(n, run_dir)
     lines += [
         "",
-        f"- data hash (`learning.sft.train.data_sha`): `{meta['data_sha']}`; {meta['examples']} kept trajectories",
+        f"- last stage's data hash (`learning.sft.train.data_sha`): `{meta['data_sha']}`; {meta['examples']} kept "
+        "trajectories (a stage whose hash differs trained on data an earlier teacher version wrote)",
         f"- generation outcomes: {json.dumps(report['outcomes'])}",
         f"- last stage's settings (preset `{meta['preset']}` plus flags): {json.dumps(meta['config'])}",
         "- weights stored in bfloat16",

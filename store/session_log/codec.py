@@ -20,7 +20,6 @@ from store.records import FinishReason, TokenSource
 _SOURCES: tuple[str, ...] = get_args(TokenSource)
 _FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
 _MAX_ID_LEN = 200
-_INT32_MAX = 2**31 - 1
 # array's "i" is a C int; pick whichever typecode is 4 bytes here so the on-disk format is the same everywhere.
 _I32 = next(code for code in ("i", "l") if array(code).itemsize == 4)
 _BIG_ENDIAN = sys.byteorder == "big"

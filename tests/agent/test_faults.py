@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import string
+import threading
 from pathlib import Path
 
 import pytest
@@ -84,8 +84,9 @@ def test_two_hundred_malformed_outputs_end_in_a_report_or_typed_failure(local_to
         rec = log.get(out.session_id)
         assert rec.status == "completed" and rec.report == out.report.markdown
         assert len(rec.trajectory.turns) == len(out.trajectory.turns)
-        # Bounded: plan (≤2 samples), ≤3 research turns + the final one, review, answer (≤2 samples).
-        assert len(policy.calls) <= 2 + (3 + 1) + 1 + 2
+        # Bounded: plan (≤2 samples), ≤3 research turns with a call (+1 query sample after a forced first call)
+        # and the tool-free final turn, review (or the final turn's continuation), answer (≤2 samples).
+        assert len(policy.calls) <= 2 + (3 + 1 + 1) + 1 + 2
         assert len(out.trajectory.tool_calls) <= 3
         for t in out.trajectory.turns:
             assert t.kind == "sampled" or sum(t.mask) == 0
@@ -177,10 +178,16 @@ def test_policy_server_unreachable_fails_before_any_session_is_written(local_too
     assert log.list_sessions() == []
 
 
-@pytest.mark.parametrize("question", ["", "   \n\t", "x" * 20_000])
-def test_bad_questions_are_refused_and_change_nothing(question: str, local_tools: dict, log: SessionLog) -> None:  # type: ignore[type-arg]
+@pytest.mark.parametrize(
+    ("question", "message"),
+    [("", "the question is empty"), ("   \n\t", "the question is empty"),
+     ("x" * 20_000, "the question is 20,000 characters long; the limit is")],
+)
+def test_bad_questions_are_refused_and_change_nothing(
+    question: str, message: str, local_tools: dict, log: SessionLog  # type: ignore[type-arg]
+) -> None:
     policy = ScriptedPolicy(lambda c, s: "<answer>x</answer>")
     with pytest.raises(InputError) as info:
         asyncio.run(service(policy, local_tools, log).run(question))
-    assert ("empty" in str(info.value)) or ("20,000" in str(info.value))
+    assert message in str(info.value)
     assert policy.calls == [] and log.list_sessions() == []

@@ -395,15 +395,40 @@ def _result(spec: dict[str, Any], times: list[float], cpu_times: list[float], me
 
 
 # ----------------------------------------------------------------------------------------------------------- parent
-def _child(side: str, spec_path: Path, threads: int) -> dict[str, Any]:
+def _child(script: str, side: str, spec_path: Path, threads: int) -> dict[str, Any]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, __file__, "--child", side, "--spec", str(spec_path)], env=env,
+    proc = subprocess.run([sys.executable, script, "--child", side, "--spec", str(spec_path)], env=env,
                           capture_output=True, text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
         raise SystemExit(f"the {side} side failed (exit {proc.returncode})")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def run_sides(script: str, sides: str, spec: dict[str, Any], config: dict[str, Any], out: str | None) -> int:
+    """Run each side of `script` in its own child process, one at a time (never two heavy jobs at once), print the
+    table and the ours/TRL ratios, write them to `out` if given; exit status 0 when every side's figure is finite.
+    Shared by grpo_step.py and sft_step.py."""
+    print(json.dumps(config), flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix=Path(script).stem + "-") as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        for side in [s.strip() for s in sides.split(",") if s.strip()]:
+            results[side] = _child(script, side, spec_path, spec["threads"])
+            print(f"{side}: {json.dumps(results[side])}", flush=True)
+    print(report(results, spec))
+    saved: dict[str, Any] = {"config": config, "results": results}
+    if "ours" in results and "trl" in results:
+        o, t = results["ours"], results["trl"]
+        saved["ours_over_trl"] = {"tokens_per_s": round(o["tokens_per_s"] / t["tokens_per_s"], 3),
+                                  "tokens_per_cpu_s": round(t["median_cpu_s"] / max(o["median_cpu_s"], 1e-9), 3),
+                                  "peak_delta_bytes": round(o["peak_delta_bytes"] / max(t["peak_delta_bytes"], 1), 3),
+                                  "peak_bytes": round(o["peak_bytes"] / max(t["peak_bytes"], 1), 3)}
+    if out:
+        Path(out).write_text(json.dumps(saved, indent=2))
+    return 0 if all(math.isfinite(r["tokens_per_s"]) for r in results.values()) else 1
 
 
 def _mib(n: int) -> str:
@@ -508,26 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "completion_len": args.completion_len, "ragged": args.ragged, "tokens": batch["tokens"],
         "completion_tokens": batch["completion_tokens"], "random_init_shape": args.random_init_shape,
     }
-    print(json.dumps(config), flush=True)
-    results: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="grpo-step-") as tmp:
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec))
-        for side in [s.strip() for s in args.sides.split(",") if s.strip()]:
-            results[side] = _child(side, spec_path, threads)  # one side at a time: never two heavy jobs at once
-            print(f"{side}: {json.dumps(results[side])}", flush=True)
-    print(report(results, spec))
-    out: dict[str, Any] = {"config": config, "results": results}
-    if "ours" in results and "trl" in results:
-        o, t = results["ours"], results["trl"]
-        out["ours_over_trl"] = {"tokens_per_s": round(o["tokens_per_s"] / t["tokens_per_s"], 3),
-                                "tokens_per_cpu_s": round(t["median_cpu_s"] / max(o["median_cpu_s"], 1e-9), 3),
-                                "peak_delta_bytes": round(o["peak_delta_bytes"] / max(t["peak_delta_bytes"], 1), 3),
-                                "peak_bytes": round(o["peak_bytes"] / max(t["peak_bytes"], 1), 3)}
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2))
-    return 0 if all(math.isfinite(r["tokens_per_s"]) for r in results.values()) else 1
-
+    return run_sides(__file__, args.sides, spec, config, args.out)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -58,9 +58,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,7 +71,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from grpo_step import SHAPES, PeakMemory, _result, _sync, model_flop_params, report, resolve_model
+from grpo_step import SHAPES, PeakMemory, _result, _sync, model_flop_params, resolve_model, run_sides
 
 
 # ------------------------------------------------------------------------------------------------------------ batch
@@ -217,17 +215,6 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------------------- parent
-def _child(side: str, spec_path: Path, threads: int) -> dict[str, Any]:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, __file__, "--child", side, "--spec", str(spec_path)], env=env,
-                          capture_output=True, text=True, check=False)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
-        raise SystemExit(f"the {side} side failed (exit {proc.returncode})")
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line options (see the module docstring)."""
     from learning.sft.train import PRESETS
@@ -292,26 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "batch": args.batch, "max_len": args.max_len, "data": args.data, "tokens": batch["tokens"],
         "trained_tokens": batch["trained_tokens"], "random_init_shape": args.random_init_shape,
     }
-    print(json.dumps(config), flush=True)
-    results: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="sft-step-") as tmp:
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec))
-        for side in [s.strip() for s in args.sides.split(",") if s.strip()]:
-            results[side] = _child(side, spec_path, threads)  # one side at a time: never two heavy jobs at once
-            print(f"{side}: {json.dumps(results[side])}", flush=True)
-    print(report(results, spec))
-    out: dict[str, Any] = {"config": config, "results": results}
-    if "ours" in results and "trl" in results:
-        o, t = results["ours"], results["trl"]
-        out["ours_over_trl"] = {"tokens_per_s": round(o["tokens_per_s"] / t["tokens_per_s"], 3),
-                                "tokens_per_cpu_s": round(t["median_cpu_s"] / max(o["median_cpu_s"], 1e-9), 3),
-                                "peak_delta_bytes": round(o["peak_delta_bytes"] / max(t["peak_delta_bytes"], 1), 3),
-                                "peak_bytes": round(o["peak_bytes"] / max(t["peak_bytes"], 1), 3)}
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2))
-    return 0 if all(math.isfinite(r["tokens_per_s"]) for r in results.values()) else 1
-
+    return run_sides(__file__, args.sides, spec, config, args.out)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -38,16 +38,33 @@ def judged(standin: OpenAIStandIn, grader: Callable[[JudgeClient], Awaitable[T]]
     return asyncio.run(go())
 
 
-def test_short_form_grade(standin: OpenAIStandIn) -> None:
+@pytest.mark.parametrize(
+    ("prediction", "grade", "correct"),
+    [("A spirit.", "correct", 1.0), ("A demon.", "incorrect", 0.0), ("", "not_attempted", 0.0)],
+)
+def test_short_form_grade(standin: OpenAIStandIn, prediction: str, grade: str, correct: float) -> None:
     item = EvalItem("1", "If Gallu is a demon Lilu is what?", "exact_answer", answers=("a spirit", "spirit"))
-    standin.push(content=json.dumps({"explanation": "same answer", "grade": "correct"}))
-    graded = judged(standin, lambda j: grade_short_form(j, item, "A spirit."))
-    assert graded.metrics == {"llm_correct": 1.0} and graded.grade == "correct"
+
+    def respond(req: dict[str, Any]) -> str:  # a judge that grades what the prompt it was sent says
+        prompt = user_prompt(req)
+        said = "not_attempted" if "(no answer)" in prompt else "correct" if "A spirit." in prompt else "incorrect"
+        return json.dumps({"explanation": "compared", "grade": said})
+
+    standin.responder = respond
+    graded = judged(standin, lambda j: grade_short_form(j, item, prediction))
+    assert graded.metrics == {"llm_correct": correct} and graded.grade == grade
     assert graded.usage.calls == 1 and graded.usage.prompt_tokens > 0
     req = standin.chat_requests[0].json
     assert req["response_format"]["json_schema"]["name"] == "eval_shortform_grade"
-    prompt = user_prompt(req)
-    assert "a spirit | spirit" in prompt and "A spirit." in prompt
+    assert "a spirit | spirit" in user_prompt(req)
+
+
+def test_short_form_grade_outside_the_schema_is_invalid_judge_output(standin: OpenAIStandIn) -> None:
+    item = EvalItem("1", "If Gallu is a demon Lilu is what?", "exact_answer", answers=("a spirit",))
+    standin.push(content=json.dumps({"explanation": "hm", "grade": "mostly"}), times=2)  # the answer and its repair
+    with pytest.raises(JudgeOutputInvalid):
+        judged(standin, lambda j: grade_short_form(j, item, "A spirit."))
+    assert len(standin.chat_requests) == 2
 
 
 def test_healthbench_one_call_per_criterion_with_negative_points(standin: OpenAIStandIn) -> None:

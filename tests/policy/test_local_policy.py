@@ -368,16 +368,20 @@ def test_swap_waits_for_the_request_in_flight(lora_policy: TransformersPolicyCli
     ctx = _run(lora_policy.render_prompt(MESSAGES))
     reference = _run(lora_policy.generate(ctx, stop=[], max_tokens=8, temperature=0.0))
 
+    overlapped: list[bool] = []
+
     async def go() -> tuple[Generation, Generation]:
         task = asyncio.create_task(lora_policy.generate(ctx, stop=[], max_tokens=8, temperature=0.0))
         while not lora_policy.busy and not task.done():  # wait until the request holds the model
             await asyncio.sleep(0.001)
+        overlapped.append(lora_policy.busy and not task.done())  # the swap below really meets a running request
         await lora_policy.aload_adapter(adapters[0], "policy@1")
         in_flight = await task
         after = await lora_policy.generate(ctx, stop=[], max_tokens=8, temperature=0.0)
         return in_flight, after
 
     in_flight, after = _run(go())
+    assert overlapped == [True], "the request finished before the swap began: the overlap was not exercised"
     assert in_flight == reference and in_flight.policy_version == "base"  # finished on the old weights
     assert after.policy_version == "policy@1"
     lora_policy.unload_adapter()

@@ -193,10 +193,14 @@ def test_servers_without_runtime_updating_sleep_mode_or_lora(smollm2_dir: Path, 
 
 
 def test_sleep_queues_requests_until_fully_awake(vllm_server: VLLMStandInServer) -> None:
+    """Queueing while asleep is the stand-in's engine (vLLM's documented behaviour); what is ours: the client's
+    sleep/wake/is_sleeping calls, its argument checks (bad level, mode, tags), and that a request sent while the
+    server sleeps is neither refused nor re-sent by our client (exactly one request reaches the server)."""
     client = _client(vllm_server)
 
     async def go() -> None:
         assert await client.is_sleeping() is False
+        served_before = len(vllm_server.served)
         await client.sleep(level=1)
         assert await client.is_sleeping() is True
         pending = asyncio.create_task(_ask(client))
@@ -210,6 +214,7 @@ def test_sleep_queues_requests_until_fully_awake(vllm_server: VLLMStandInServer)
         assert await client.is_sleeping() is False
         gen = await asyncio.wait_for(pending, 10)
         assert gen.finish_reason == "stop" and gen.text.startswith("[policy]")
+        assert len(vllm_server.served) == served_before + 1  # our client sent it once: no retry while queued
         await client.sleep(level=0)  # pause scheduling only
         assert await client.is_sleeping() is True
         await client.wake_up(["scheduling"])
@@ -227,6 +232,8 @@ def test_sleep_queues_requests_until_fully_awake(vllm_server: VLLMStandInServer)
 
 
 def test_sleep_wait_lets_running_requests_finish_and_abort_ends_them(smollm2_dir: Path) -> None:
+    """Waiting and aborting are the stand-in's engine; what is ours: the client passes `mode` through, and turns an
+    aborted completion into a Generation with finish_reason "abort" and the partial text (never an exception)."""
     with VLLMStandInServer(smollm2_dir, token_delay_s=0.05) as server:
         client = _client(server)
 
@@ -255,6 +262,10 @@ def test_sleep_wait_lets_running_requests_finish_and_abort_ends_them(smollm2_dir
 
 
 def test_hot_swap_under_20_concurrent_requests_loses_none(smollm2_dir: Path, tmp_path: Path) -> None:
+    """Serving two adapters at once is the stand-in's engine; what is ours: the client loads the new adapter before
+    it flips its model name, so every request already sent stays on policy@1 (the model name each request carried,
+    as the server recorded it) and every later one names policy@2; each Generation reports the version it ran on;
+    unloading the old name after the grace period leaves a request that still names it a typed error."""
     with VLLMStandInServer(smollm2_dir, token_delay_s=0.05, load_delay_s=0.05) as server:
         old = server.add_adapter_dir(tmp_path / "policy@1")
         new = server.add_adapter_dir(tmp_path / "policy@2")
@@ -299,6 +310,8 @@ def test_hot_swap_under_20_concurrent_requests_loses_none(smollm2_dir: Path, tmp
 
 
 def test_unload_does_not_cut_requests_already_running(smollm2_dir: Path, tmp_path: Path) -> None:
+    """Finishing requests on an unloaded adapter is the stand-in's engine; what is ours: `aunload_adapter` flips the
+    client back to the base name before it unloads, and the running requests report the version they started on."""
     with VLLMStandInServer(smollm2_dir, token_delay_s=0.05) as server:
         path = server.add_adapter_dir(tmp_path / "policy@1")
         client = _client(server)
@@ -308,7 +321,10 @@ def test_unload_does_not_cut_requests_already_running(smollm2_dir: Path, tmp_pat
             running = [asyncio.create_task(_ask(client)) for _ in range(4)]
             assert await asyncio.to_thread(server.wait_running, 4)
             await client.aunload_adapter()  # flips back to the base model, then unloads policy@1 mid-flight
+            assert client.model == "policy" and client.policy_version == "policy"
             out = await asyncio.gather(*running)
+            after = await _ask(client)
+            assert after.policy_version == "policy" and after.text.startswith("[policy] ")
             await client.aclose()
             return out
 

@@ -44,9 +44,17 @@ def test_grounded_reflection_beats_generic_on_every_dimension() -> None:
     assert generic.specificity == 0.0  # ungrounded and generic
     assert good.u > 0.6 and generic.u < 0.4  # type: ignore[operator]
     for s in (good, generic):
-        assert (s.u_within, s.u_cross, s.u) == pytest.approx(
-            reflection_reward(s.diagnostic_accuracy, s.specificity, s.scope_balance))  # type: ignore[arg-type]
+        # D8 written out by hand: u_within = (0.4·DA + 0.3·Spec) / 0.7, u_cross = S&B, u = their mean.
+        da, spec, sb = s.diagnostic_accuracy, s.specificity, s.scope_balance
+        within = (0.4 * da + 0.3 * spec) / 0.7  # type: ignore[operator]
+        assert (s.u_within, s.u_cross, s.u) == pytest.approx((within, sb, (within + sb) / 2))  # type: ignore[operator]
         assert "approximate (offline)" in s.justification
+
+
+def test_reflection_reward_worked_example() -> None:
+    # METHOD D8's worked example: DA 0.8, Spec 0.5, S&B 0.6 → u_within = (0.32 + 0.15) / 0.7, u = 0.636.
+    assert reflection_reward(0.8, 0.5, 0.6) == pytest.approx((0.47 / 0.7, 0.6, (0.47 / 0.7 + 0.6) / 2))
+    assert reflection_reward(0.8, 0.5, 0.6)[2] == pytest.approx(0.636, abs=5e-4)
 
 
 def test_deterministic() -> None:

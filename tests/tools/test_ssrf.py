@@ -93,10 +93,22 @@ def test_mapped_public_address_connects_over_ipv4() -> None:
 
 
 @pytest.mark.parametrize(
-    "addr", ["127.0.0.1", "10.1.2.3", "::1", "::ffff:192.168.0.1", "169.254.169.254", "100.64.3.4"]
+    ("addr", "reason"),
+    [
+        ("127.0.0.1", "a loopback address"),
+        ("10.1.2.3", "a private address"),
+        ("::1", "a loopback address"),
+        ("::ffff:192.168.0.1", "a private address"),  # judged as the IPv4 address it maps
+        ("169.254.169.254", "a cloud metadata address"),
+        ("169.254.1.1", "a link-local address"),
+        ("100.64.3.4", "a shared or reserved address"),
+        ("224.0.0.1", "a multicast address"),
+        ("0.0.0.0", "an unspecified address"),
+        ("8.8.8.8", None),
+    ],
 )
-def test_address_refusal_names_a_reason(addr: str) -> None:
-    assert address_refusal(ipaddress.ip_address(addr))
+def test_address_refusal_names_the_reason(addr: str, reason: str | None) -> None:
+    assert address_refusal(ipaddress.ip_address(addr)) == reason
 
 
 def test_allow_hosts_exempts_only_the_named_host() -> None:
