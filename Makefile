@@ -44,8 +44,9 @@ bench: install
 	$(PY) tests/benchmarks/agent_overhead.py --sessions 3
 
 # Rebuild the shipped SFT adapter (agent/adapters/smollm2-sft) on 2 cores: teacher trajectories from the training
-# split of the corpus-paired questions (about a minute), then two LoRA SFT stages (half an epoch, about 80 min; then
-# one more epoch from the stage-1 adapter, about 85 min), each shipped as the bf16 copy + provenance.
+# split of the corpus-paired questions (about a minute), then three LoRA SFT stages, each continuing from the adapter
+# the previous one shipped (half an epoch, about 80 min; one epoch, about 105 min; half an epoch, about 45 min), each
+# shipped as the bf16 copy + provenance, so the target can be stopped after any stage with a usable adapter.
 SFT_DEST := agent/adapters/smollm2-sft
 sft-adapter: install
 	$(VENV)/bin/rubricem sft generate --questions learning/sft/data/train/hotpotqa_train.json \
@@ -55,6 +56,9 @@ sft-adapter: install
 	$(VENV)/bin/rubricem sft train --data .cache/sft/data --out .cache/sft/run-2 --preset cpu \
 	  --init-adapter $(SFT_DEST) --epochs 1 --seed 1 --threads 2 --no-register
 	$(PY) -m learning.sft.ship .cache/sft/data $(SFT_DEST) .cache/sft/run .cache/sft/run-2
+	$(VENV)/bin/rubricem sft train --data .cache/sft/data --out .cache/sft/run-3 --preset cpu \
+	  --init-adapter $(SFT_DEST) --epochs 0.5 --seed 2 --threads 2 --no-register
+	$(PY) -m learning.sft.ship .cache/sft/data $(SFT_DEST) .cache/sft/run .cache/sft/run-2 .cache/sft/run-3
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache demo-report.md
