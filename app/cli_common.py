@@ -42,6 +42,8 @@ class Progress:
             case ev.ReferencesInjected(mode=mode, items=items):
                 what = "an earlier attempt at this question" if mode == "within" else f"{len(items)} similar question(s)"
                 self.say(f"rubric bank: using reflections from {what}")
+            case ev.StageStarted(stage="research", final=True):
+                self.say("research: last turn, without tools")
             case ev.StageStarted(stage="research", turn=n):
                 self.say(f"research: turn {n}")
             case ev.StageStarted(stage=stage):

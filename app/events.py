@@ -39,6 +39,7 @@ class StageStarted:
 
     stage: str
     turn: int | None = None
+    final: bool = False  # research only: the tool-free turn after the tool budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,7 @@ Event = (
 def from_agent(kind: str, data: dict[str, Any]) -> Event:
     """Map the agent's recorder events to typed events."""
     if kind == "stage":
-        return StageStarted(str(data["stage"]), data.get("turn"))
+        return StageStarted(str(data["stage"]), data.get("turn"), bool(data.get("final", False)))
     if kind == "search":
         return SearchIssued(str(data["tool"]), str(data["query"]))
     if kind == "search_done":

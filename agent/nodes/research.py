@@ -55,7 +55,7 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
     if gen.stop is None and gen.finish_reason == "stop" and _open_call(gen.text):
         # A server that drops stop strings and could not say which one matched: an open call means </call_tool>.
         gen = replace(gen, stop="</call_tool>")
-    if final and gen.stop in CALL_STOPS:
+    if final and (gen.stop in CALL_STOPS or _open_call(gen.text)):  # a call, whole or cut off by the cap
         # No tool runs past the budget: the sample is dropped whole (its tokens stay consistent) and the review
         # node forces <review>.
         deps.recorder.event("dropped", {"stage": "research", "reason": "tool call past the tool budget"})
@@ -69,6 +69,7 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
         # The model reviewed in this turn (path B): from its last <think> on, this is Stage 3 (METHOD §5.1). The
         # whole turn is recorded as review: it starts right after a tool output, normally with that <think>; a plan
         # update written in the same final turn is counted as review too (spans are decided per turn, not per token).
+        deps.recorder.event("stage", {"stage": "review"})  # progress shows the review the model opened itself
         await w.keep_closed("review", gen, "</review>")
         return Command(goto="answer", update={"turns": w.new})
     if gen.stop == "</answer>":
@@ -85,8 +86,8 @@ def _final_turn_fits(w: SequenceWriter, deps: AgentDeps, reason: str) -> bool:
     """After the tool budget (or when the context has no room for another tool output), the model still gets one
     tool-free turn to evaluate its evidence and open its own review, as the distilled trajectories do after their
     last search; a stop for time goes straight to the forced review."""
-    if reason == "time":
-        return False
+    if reason == "time" or deps.elapsed() > WALL_CLOCK_RESEARCH_SHARE * deps.options.wall_clock_s:
+        return False  # the time left belongs to the review and the answer
     caps = deps.options.token_caps
     return w.tokens_used() + caps.research + caps.review + caps.answer <= deps.options.context_tokens
 
@@ -101,6 +102,7 @@ async def _finish_review(w: SequenceWriter, deps: AgentDeps, gen: Generation) ->
     itself, so it finishes it under the review cap (a distilled final turn, think + evaluation + review, is often
     longer than one research turn). Recorded as review, like path B; a continuation that cannot close the review
     gets a forced closing tag (so the review does not count as self-tagged)."""
+    deps.recorder.event("stage", {"stage": "review"})
     w.keep("review", gen)
     rest = await w.sample("review", ("</review>", "</answer>"), deps.options.token_caps.review)
     if rest.stop == "</review>":

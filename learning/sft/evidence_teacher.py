@@ -26,7 +26,7 @@ from learning.sft.questions import Hop, SFTQuestion, clip, keywords, main_title
 from learning.sft.trajectory import EVIDENCE_NOT_FOUND, Segment, Trajectory
 from store.records import Snippet
 
-TEACHER_NAME = "evidence-chain/1"
+TEACHER_NAME = "evidence-chain/2"  # /2: the answer comes first, quotes of at most CITE_CHARS
 TOOL = "local_search"
 
 

@@ -126,7 +126,12 @@ async def generate(
         raise ValueError("variants and concurrency must be at least 1")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / TRAJECTORIES
-    done = {r["key"] for r in read_lines(path)}
+    existing = list(read_lines(path))
+    others = sorted({str(r.get("teacher")) for r in existing} - {teacher.name})
+    if others:  # a resumed folder must not mix teachers (e.g. an older version of the evidence-chain teacher)
+        raise ValueError(f"{out_dir} holds trajectories written by {', '.join(others)}, not {teacher.name}: "
+                         "write to a new --out folder (or remove this one)")
+    done = {r["key"] for r in existing}
     jobs = _plan(questions, variants, seed)
     todo = [j for j in jobs if j[0] not in done]
     report = GenerationReport(skipped_done=len(jobs) - len(todo))

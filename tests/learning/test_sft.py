@@ -13,7 +13,7 @@ import pytest
 
 from agent.parse import find_citations
 from learning.sft import trajectory as tr
-from learning.sft.evidence_teacher import EvidenceChainTeacher, EvidenceMissing
+from learning.sft.evidence_teacher import CITE_CHARS, TEACHER_NAME, EvidenceChainTeacher, EvidenceMissing
 from learning.sft.generate import generate, kept_examples, read_lines
 from learning.sft.questions import QuestionFileError, SFTQuestion, load_questions
 from learning.sft.trajectory import Segment, Trajectory, postprocess, rejection_reason
@@ -111,7 +111,13 @@ def test_evidence_teacher_cites_only_retrieved_gold_snippets(demo_search: object
         for call in traj.tool_calls:
             assert all(h.statement not in call["query"] for h in demo_question.hops)
         assert ("\\boxed{Latin}" in answer) == (fmt == "exact_answer")
-        assert traj.teacher == "evidence-chain/1"
+        # The answer comes first, before any quote, and every quote is short (a small student copies long ones).
+        body = answer[answer.index("<answer>") + len("<answer>"):answer.index("</answer>")]
+        assert "Latin" in body[:body.index("<cite")]
+        assert fmt != "exact_answer" or body.startswith("\\boxed{Latin}")
+        quotes = re.findall(r"<cite id=[^>]*>(.*?)</cite>", body, re.DOTALL)
+        assert quotes and all(len(q) <= CITE_CHARS for q in quotes)
+        assert traj.teacher == TEACHER_NAME == "evidence-chain/2"
         texts.add(traj.segments[0].text)
     assert len(texts) > 1  # the wording varies with the seed
 
@@ -203,6 +209,20 @@ def test_generate_resumes_without_duplicates_and_rejects_over_long(tmp_path: Pat
     report = asyncio.run(generate([demo_question], long_dir, teacher, tools,  # type: ignore[arg-type]
                                   count_tokens=lambda _m: 9000, context_tokens=8192))
     assert report.outcomes == {"too_long": 1} and not list(kept_examples(long_dir))
+
+
+def test_generate_refuses_to_resume_a_folder_another_teacher_wrote(tmp_path: Path, demo_search: object,
+                                                                   demo_question: SFTQuestion) -> None:
+    tools = {"local_search": demo_search}
+    teacher = EvidenceChainTeacher(demo_search)  # type: ignore[arg-type]
+    asyncio.run(generate([demo_question], tmp_path, teacher, tools))  # type: ignore[arg-type]
+    path = tmp_path / "trajectories.jsonl"
+    older = path.read_text().replace(f'"teacher": "{TEACHER_NAME}"', '"teacher": "evidence-chain/1"')
+    assert older != path.read_text()
+    path.write_text(older)  # as an earlier version of the teacher left it
+    with pytest.raises(ValueError, match="evidence-chain/1, not evidence-chain/2"):
+        asyncio.run(generate([demo_question], tmp_path, teacher, tools, variants=2))  # type: ignore[arg-type]
+    assert path.read_text() == older  # nothing appended
 
 
 # -- the LLM teacher against an OpenAI-compatible endpoint --------------------------------------------------------------

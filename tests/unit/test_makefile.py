@@ -13,10 +13,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def _recipe(target: str) -> list[str]:
     """The target's commands, continuation lines joined, make variables for the venv and SFT_DEST expanded."""
     text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    dest = re.search(r"^SFT_DEST\s*:=\s*(\S+)", text, re.MULTILINE)
+    assert dest is not None and dest.group(1) == DEST  # the Makefile ships where the embedded default looks
     body = re.search(rf"^{re.escape(target)}:[^\n]*\n((?:\t[^\n]*\n?)+)", text, re.MULTILINE)
     assert body is not None, f"no {target} target"
     lines = [" ".join(ln.split()) for ln in body.group(1).splitlines() if ln.strip()]
-    return [ln.replace("$(VENV)/bin/", "").replace("$(SFT_DEST)", DEST) for ln in lines]
+    return [ln.replace("$(VENV)/bin/", "").replace("$(SFT_DEST)", dest.group(1)) for ln in lines]
 
 
 def test_sft_adapter_runs_the_generation_and_every_recorded_stage_in_order() -> None:
@@ -26,7 +28,9 @@ def test_sft_adapter_runs_the_generation_and_every_recorded_stage_in_order() -> 
     assert trains == list(TRAIN_CMDS)
     ships = [ln for ln in recipe if "learning.sft.ship" in ln]
     assert len(ships) == len(TRAIN_CMDS)  # each stage is shipped, so the target can stop after any stage
-    assert ships[-1].endswith(" ".join(f".cache/sft/{'run' if k == 1 else f'run-{k}'}" for k in range(1, len(TRAIN_CMDS) + 1)))
+    runs = [re.search(r"--out (\S+)", cmd).group(1) for cmd in TRAIN_CMDS]  # type: ignore[union-attr]
+    for k, ship in enumerate(ships, start=1):  # stage k ships every run so far, in order
+        assert ship.endswith(f"learning.sft.ship .cache/sft/data {DEST} " + " ".join(runs[:k]))
 
 
 def test_bench_runs_a_script_that_exists() -> None:
