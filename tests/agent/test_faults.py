@@ -62,9 +62,12 @@ FUZZ_OPTS = RunOptions(
 )
 
 
-def test_two_hundred_malformed_outputs_end_in_a_report_or_typed_failure(local_tools: dict, log: SessionLog) -> None:  # type: ignore[type-arg]
+def test_two_hundred_malformed_outputs_all_end_in_a_report(local_tools: dict, log: SessionLog) -> None:  # type: ignore[type-arg]
+    """Every fuzzed output still allows an answer (the graph forces what the model did not write, within a context
+    far larger than the caps), so every run must complete with a stored report; a run that fails is a bug. Runs
+    that cannot answer (policy down, context exhausted) are the typed failures tested below."""
     rng = random.Random(20261123)
-    outcomes = {"completed": 0, "failed": 0}
+    failures: list[str] = []
     outputs = 0
     for i in range(60):
         def script(context: str, stop: list[str]) -> str:
@@ -77,10 +80,9 @@ def test_two_hundred_malformed_outputs_end_in_a_report_or_typed_failure(local_to
         try:
             out = asyncio.run(svc.run("What language did Haymo of Faversham's era translate into?", FUZZ_OPTS))
         except RunFailedError as exc:
-            outcomes["failed"] += 1
             assert log.get(exc.session_id).status == "failed"
+            failures.append(f"run {i}: {exc}")
             continue
-        outcomes["completed"] += 1
         rec = log.get(out.session_id)
         assert rec.status == "completed" and rec.report == out.report.markdown
         assert len(rec.trajectory.turns) == len(out.trajectory.turns)
@@ -91,8 +93,8 @@ def test_two_hundred_malformed_outputs_end_in_a_report_or_typed_failure(local_to
         for t in out.trajectory.turns:
             assert t.kind == "sampled" or sum(t.mask) == 0
         assert "<think>" not in out.report.body and "</" not in out.report.body
+    assert failures == []
     assert outputs >= 200, outputs
-    assert outcomes["completed"] + outcomes["failed"] == 60
     assert len(log.list_sessions(limit=100)) == 60
 
 
