@@ -69,9 +69,9 @@ class AgentConfig(BaseModel):
     )
     embedded_adapter_path: Path | None = Field(default=None, description="PEFT LoRA adapter folder to load at start.")
     embedded_sft: bool = Field(
-        default=False, description="With the bundled model and no adapter path, load the shipped SFT adapter "
-        "(agent/adapters/smollm2-sft: it follows the scaffold but does not answer well yet; off until it beats "
-        "vanilla RAG on the base model).")
+        default=True, description="With the bundled model and no adapter path, load the shipped SFT adapter "
+        "(agent/adapters/smollm2-sft: the model writes the scaffold, its queries and citations itself; false = the "
+        "plain base model).")
     embedded_dtype: Literal["bfloat16", "float32"] = Field(default="bfloat16")
 
     attribute_uncited: bool = Field(

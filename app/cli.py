@@ -264,8 +264,8 @@ def parser() -> argparse.ArgumentParser:
     ask.add_argument("--wall-clock", type=float, dest="wall_clock_s", help="hard time limit in seconds")
     ask.add_argument("--quiet", action="store_true", help="no progress on stderr")
     ask.add_argument("--adapter", help="a trained LoRA adapter folder (embedded backend), e.g. from rubricem train; "
-                     "`none` for the plain base model (default: the base model, or the shipped SFT adapter with "
-                     "RUBRICEM_AGENT__EMBEDDED_SFT=true)")
+                     "`none` for the plain base model (default: the shipped SFT adapter, unless "
+                     "RUBRICEM_AGENT__EMBEDDED_SFT=false)")
     ask.set_defaults(func=cmd_ask)
     ing = sub.add_parser("ingest", help="add files (txt, md, html, pdf, jsonl) or a folder to the local index")
     ing.add_argument("path")
@@ -291,7 +291,7 @@ def parser() -> argparse.ArgumentParser:
                      "top k passages, one short answer) with the same policy and index, and compare")
     evl.add_argument("--k", type=int, default=5, help="passages in the RAG baseline's prompt")
     evl.add_argument("--adapter", help="a LoRA adapter folder for the embedded policy, or `none` for the base model "
-                     "(default: the base model, or the shipped SFT adapter with RUBRICEM_AGENT__EMBEDDED_SFT=true)")
+                     "(default: the shipped SFT adapter, unless RUBRICEM_AGENT__EMBEDDED_SFT=false)")
     evl.set_defaults(func=cmd_eval)
     ses = sub.add_parser("sessions", help="list or show logged research sessions")
     ses_sub = ses.add_subparsers(dest="action", required=True)

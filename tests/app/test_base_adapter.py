@@ -14,9 +14,9 @@ from store.session_log import SessionLog
 
 
 def test_base_adapter_follows_the_settings(tmp_path: Path) -> None:
-    assert base_adapter(Settings()) is None  # the plain base model by default
-    on = Settings(agent=AgentConfig(embedded_sft=True))
-    assert base_adapter(on) == SHIPPED_SFT_ADAPTER and (SHIPPED_SFT_ADAPTER / "adapter_config.json").is_file()
+    # The shipped SFT adapter by default; the plain base model one setting away.
+    assert base_adapter(Settings()) == SHIPPED_SFT_ADAPTER and (SHIPPED_SFT_ADAPTER / "adapter_config.json").is_file()
+    assert base_adapter(Settings(agent=AgentConfig(embedded_sft=False))) is None
     mine = Settings(agent=AgentConfig(embedded_adapter_path=tmp_path))
     assert base_adapter(mine) == tmp_path
     assert base_adapter(Settings(agent=AgentConfig(embedded_sft=True, policy_backend="vllm"))) is None
