@@ -21,13 +21,16 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agent.config import SHIPPED_SFT_ADAPTER
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
-# Films the bundled corpus has passages on (and the tiny model has heard of): in 8 seeded runs measured here, 5
-# answers restated a retrieved passage closely enough to be matched; seed 1 matched on the first question.
+# Films the bundled corpus has passages on (and the tiny model has heard of). With the shipped SFT adapter and these
+# budgets, seed 1's first answer restates the retrieved Frozen passage closely enough to be matched; the follow-ups
+# are further chances if a change of model or graph moves the samples.
 QUESTION = "What is the 2013 film Frozen about?"
 FOLLOW_UPS = ["What is the Disney film The Aristocats about?", "Who made the 2013 film Frozen?",
               "When was the Disney film The Aristocats released?"]
@@ -55,6 +58,8 @@ def ui_server(tmp_path: Path, smollm2_dir: Path) -> Iterator[tuple[str, Path]]:
         "HF_HUB_OFFLINE": "1",
         "RUBRICEM_STORE__DATA_DIR": str(data),
         "RUBRICEM_AGENT__EMBEDDED_MODEL_PATH": str(smollm2_dir),  # skip a second conversion
+        # ... and load what the embedded default loads with the bundled model: the shipped SFT adapter
+        "RUBRICEM_AGENT__EMBEDDED_ADAPTER_PATH": str(SHIPPED_SFT_ADAPTER),
         "RUBRICEM_AGENT__DEFAULTS__TOKEN_CAPS__PLAN": "16",
         "RUBRICEM_AGENT__DEFAULTS__TOKEN_CAPS__RESEARCH": "24",
         "RUBRICEM_AGENT__DEFAULTS__TOKEN_CAPS__REVIEW": "16",
