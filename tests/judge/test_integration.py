@@ -89,15 +89,18 @@ def test_llm_judge_served_by_llamacpp_judges_a_real_session(
             await client.aclose()
 
     summary = asyncio.run(go())
-    assert summary.judged + summary.failed == 1 and summary.groups == 1
+    # A 135M judge cannot write the four stages' rubrics as JSON within 192 tokens: measured, its grammar-constrained
+    # object is cut at the limit every time (at 1,024 tokens the rubrics fit, then the scoring JSON is cut). So the
+    # outcome is determined: the failure is stored typed, with the reason the client saw, the session stays pending
+    # for the next run, and nothing is scored as 0.
+    assert (summary.judged, summary.failed, summary.groups) == (0, 1, 1)
     (j,) = log.judgements(first[0])
-    # A 135M judge writes weak rubrics; whatever it did is stored typed: an ok judgement with per-stage scores
-    # (None where it could not score, never a silent 0), or a recorded failure with its reason.
-    if j.status == "ok":
-        assert j.judge_kind == "llm" and j.judge_model == "smollm2"
-        assert set(j.payload["stages"]) == set(STAGES) and j.payload["usage"]["calls"] >= 1
-    else:
-        assert j.error and first[0] in log.completed_unjudged()
+    assert j.status == "failed" and j.error == "no stage could be scored"
+    assert j.judge_kind == "llm" and j.judge_model == "smollm2"
+    generation = j.payload["scaffold"]["rubric_generation"]
+    assert generation.startswith("failed: JudgeOutputInvalid") and "cut off at the token limit" in generation
+    assert all(s["score"] is None for s in j.payload["stages"].values())
+    assert first[0] in log.completed_unjudged()
 
 
 def test_a_judge_endpoint_that_keeps_failing_records_failures_and_keeps_sessions_pending(
