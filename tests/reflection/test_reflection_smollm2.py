@@ -33,9 +33,9 @@ def test_smollm2_reflects_end_to_end(log: SessionLog, bank: RubricBank, embedded
         assert r.prompt.token_ids and r.prompt.text.endswith("assistant\n")
         assert c.valid == (validity_error(c.full_text) is None)  # the writer's verdict matches the format rule
         assert (c.u is None) or c.valid  # an invalid candidate is never scored
-    accepted = [r for r in rows if r.accepted]
-    assert bank.count() == len(accepted) <= 1
-    for r in accepted:  # whatever the small model wrote, only a valid, scored candidate can be in the bank
-        assert r.candidate.valid and r.candidate.u is not None and bank.get(r.bank_item_id or "").session_id == sid
-    if out.valid == 0:
-        assert out.reason == "no_valid_candidate" and bank.count() == 0
+    # The base 135M model does not write the two required blocks in 48 tokens (measured: it writes "### Stage 5"
+    # headings and <ref> tags), so the outcome is determined: both candidates are stored, marked invalid and never
+    # scored, the batch says why, and nothing enters the bank.
+    assert [(r.candidate.valid, r.candidate.u, r.accepted) for r in rows] == [(False, None, False)] * 2
+    assert (out.valid, out.scored, out.best, out.reason) == (0, 0, None, "no_valid_candidate")
+    assert out.detail == "no candidate had exactly the two required blocks" and bank.count() == 0
