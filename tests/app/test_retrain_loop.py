@@ -24,6 +24,9 @@ SMALL = RunOptions(format="short_form", max_tool_calls=1, temperature=0.7, seed=
 
 
 def _settings(tmp_path: Path, smollm2_dir: Path, probes: Path) -> Settings:
+    """The loop test's settings: one training step cannot make a candidate measurably better than live, so its gate
+    runs with tolerance 1.0 (the flow under test is promote → serve → reject → rollback); the gate's decision on real,
+    measurably different versions at the default tolerance is the test above."""
     retrain = RetrainConfig(steps=1, rollouts=2, batch_questions=1, max_token_caps=16, probe_questions=probes,
                             probe_samples=1, tolerance=1.0, min_new_sessions=2, unload_grace_s=0)
     return Settings(agent=AgentConfig(embedded_model_path=smollm2_dir, defaults=SMALL),
@@ -39,6 +42,49 @@ def test_the_gate_promotes_within_tolerance_and_rejects_worse_or_failing_candida
     assert not worse.promote and "< live" in worse.reason
     assert not decide(score(0.9, failed=1), score(0.5), 0.02, "j").promote
     assert not decide(score(float("nan")), score(0.5), 0.02, "j").promote
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # about 2.5 minutes on an idle 2-core machine
+def test_the_real_gate_promotes_a_better_candidate_and_rejects_a_worse_one(smollm2_dir: Path, tmp_path: Path) -> None:
+    """The gate's own parts (the cycle's probe runs, its held-out offline judge, `score_version`, `decide` at the
+    default tolerance) on two versions whose quality really differs: the shipped SFT adapter writes the scaffold,
+    the plain base model does not (measured on two probe questions: totals 0.76 and 0.19). Better is promoted, worse
+    is rejected, whichever of the two is live."""
+    from agent.config import SHIPPED_SFT_ADAPTER
+    from app.retrain import RetrainApp
+    from learning.evaluate import score_version
+    from store.registry import PolicyVersion
+
+    probes = tmp_path / "probes.txt"
+    probes.write_text("Who was Haymo of Faversham?\n")
+    retrain = RetrainConfig(probe_questions=probes, probe_samples=1, max_token_caps=256)
+    settings = Settings(agent=AgentConfig(embedded_model_path=smollm2_dir), store=StoreConfig(data_dir=tmp_path / "d"),
+                        learning=LearningConfig(retrain=retrain))
+    assert retrain.tolerance == 0.02  # the default, not a tolerance that lets anything through
+
+    def version(name: str, adapter: Path | None) -> PolicyVersion:
+        return PolicyVersion(name, 0, str(adapter) if adapter else None, None, "", {}, None, "live", None, "")
+
+    async def scores() -> tuple[VersionScore, VersionScore]:
+        app = RetrainApp(settings)
+        try:
+            parts = app.parts()
+            out = []
+            for v in (version("base", None), version("sft", SHIPPED_SFT_ADAPTER)):
+                probe = await parts.probe_for(v)
+                out.append(await score_version(v.name, probe, parts.gate_judge, parts.probe_questions, 1, 20261123))
+            return out[0], out[1]
+        finally:
+            await app.aclose()
+
+    base, sft = asyncio.run(scores())
+    assert base.runs == sft.runs == 1 and base.failed_runs == sft.failed_runs == 0
+    assert sft.total > base.total + 0.2, (sft, base)  # measurably better, not within noise of the tolerance
+    promoted = decide(sft, base, retrain.tolerance, "offline")
+    rejected = decide(base, sft, retrain.tolerance, "offline")
+    assert promoted.promote and ">= live" in promoted.reason
+    assert not rejected.promote and "< live" in rejected.reason
 
 
 def test_only_one_cycle_runs_at_a_time_across_processes(tmp_path: Path) -> None:
