@@ -34,9 +34,14 @@ def _out_of_room(w: SequenceWriter, deps: AgentDeps) -> str | None:
     need = caps.research + TOOL_OUTPUT_RESERVE + caps.review + caps.answer
     if w.tokens_used() + need > deps.options.context_tokens:
         return "context"
-    if deps.elapsed() > WALL_CLOCK_RESEARCH_SHARE * deps.options.wall_clock_s:
+    if _past_research_time(deps):
         return "time"
     return None
+
+
+def _past_research_time(deps: AgentDeps) -> bool:
+    """Past this share of the wall clock, the time left belongs to the review and the answer."""
+    return deps.elapsed() > WALL_CLOCK_RESEARCH_SHARE * deps.options.wall_clock_s
 
 
 async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[Literal["tools", "review", "answer"]]:
@@ -45,7 +50,7 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
     w = SequenceWriter(deps, state["prompt"], state.get("turns", []))
     n_calls = state.get("n_tool_calls", 0)
     reason = "budget" if n_calls >= deps.options.max_tool_calls else _out_of_room(w, deps)
-    final = reason is not None and _final_turn_fits(w, deps, reason)
+    final = reason is not None and _final_turn_fits(w, deps)
     if reason:
         deps.recorder.event("research_stopped", {"reason": reason, "tool_calls": n_calls, "final_turn": final})
         if not final:
@@ -82,12 +87,12 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
     return Command(goto="review", update={"turns": w.new})
 
 
-def _final_turn_fits(w: SequenceWriter, deps: AgentDeps, reason: str) -> bool:
+def _final_turn_fits(w: SequenceWriter, deps: AgentDeps) -> bool:
     """After the tool budget (or when the context has no room for another tool output), the model still gets one
     tool-free turn to evaluate its evidence and open its own review, as the distilled trajectories do after their
     last search; a stop for time goes straight to the forced review."""
-    if reason == "time" or deps.elapsed() > WALL_CLOCK_RESEARCH_SHARE * deps.options.wall_clock_s:
-        return False  # the time left belongs to the review and the answer
+    if _past_research_time(deps):  # also true when the reason is "time"
+        return False
     caps = deps.options.token_caps
     return w.tokens_used() + caps.research + caps.review + caps.answer <= deps.options.context_tokens
 
