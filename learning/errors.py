@@ -9,13 +9,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LearningError(Exception):
     """Base of the learning package's errors."""
 
 
 class JudgeError(LearningError):
-    """The judge could not produce a result."""
+    """The judge could not produce a result.
+
+    `usage` is what the failed call still cost (a `learning.judge.types.Usage`; None when nothing was billed): an
+    invalid answer is billed like a valid one, so run summaries must count it.
+    """
+
+    def __init__(self, message: str = "", *, usage: Any = None) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 class JudgeUnavailable(JudgeError):

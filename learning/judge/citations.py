@@ -116,7 +116,7 @@ async def support_check(client: JsonJudge, trajectory: Trajectory, *, limit: int
                 max_tokens=256,
             )
         except JudgeError as exc:
-            return ClaimVerdict(c.claim, c.ids, None, error=f"{type(exc).__name__}: {exc}"), Usage()
+            return ClaimVerdict(c.claim, c.ids, None, error=f"{type(exc).__name__}: {exc}"), exc.usage or Usage()
         verdict: SupportVerdict = call.data
         return ClaimVerdict(c.claim, c.ids, verdict.supported, verdict.reason), call.usage
 

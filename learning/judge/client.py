@@ -19,7 +19,7 @@ import httpx
 
 from agent.retry import jittered_backoff, retry_after_seconds
 from learning.config import JudgeConfig
-from learning.errors import JudgeOutputInvalid, JudgeRequestError, JudgeUnavailable
+from learning.errors import JudgeError, JudgeOutputInvalid, JudgeRequestError, JudgeUnavailable
 from learning.judge.cache import CachedAnswer, JudgeCache, cache_key, canonical_json
 from learning.judge.types import JudgeCall, Usage
 
@@ -337,13 +337,17 @@ class JudgeClient:
             {"role": "assistant", "content": first.content[:REPAIR_ANSWER_CHARS]},
             {"role": "user", "content": self._repair_message(first_error, name, schema)},
         ]
-        second = await self._request(repair, schema, name, budget, temperature)
+        try:
+            second = await self._request(repair, schema, name, budget, temperature)
+        except JudgeError as exc:
+            exc.usage = spent + (exc.usage or Usage())  # the invalid first answer was billed
+            raise
         spent = spent + second.usage
         try:
             data = self._parse(second, schema, validate)
         except _InvalidOutput as exc:
             raise JudgeOutputInvalid(
-                self._redact(f"judge output for {name!r} invalid after one repair retry: {exc}")
+                self._redact(f"judge output for {name!r} invalid after one repair retry: {exc}"), usage=spent
             ) from None
         self._cache_store(key, name, second)
         return JudgeCall(data=data, model=self.model, repaired=True, usage=spent)

@@ -367,7 +367,7 @@ class LLMJudge:
                 validate=GenerationAnswer.model_validate,
             )
         except JudgeError as exc:
-            return StageRubrics(error=_describe(exc), failure=_failure_of(exc))
+            return StageRubrics(error=_describe(exc), failure=_failure_of(exc), usage=exc.usage or Usage())
         return StageRubrics(rubrics=self._rubrics_from(call.data), usage=call.usage)
 
     @staticmethod
@@ -436,7 +436,8 @@ class LLMJudge:
             )
         except JudgeError as exc:
             empty = {r.id: RubricScore(rubric_id=r.id) for r in rubrics}
-            return TrajectoryScores(scores=empty, error=_describe(exc), failure=_failure_of(exc), called=True)
+            return TrajectoryScores(scores=empty, error=_describe(exc), failure=_failure_of(exc), called=True,
+                                    usage=exc.usage or Usage())
         answer: ScoringAnswer = call.data
         by_index = {item.index: item for item in answer.scores}
         scores: dict[str, RubricScore] = {}

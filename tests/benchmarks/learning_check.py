@@ -6,8 +6,9 @@ questions about the bundled Wikipedia corpus), then replays the adapters the run
 questions: each question is researched `--eval-samples` times with fixed sampling seeds (the same seeds at every step
 and in every mode, so curves differ by the weights, not by the draw), judged as one group by the same offline judge,
 and the four stage scores and their mean ("total") are averaged. Step 0 is the base model, evaluated once and shared
-by the modes (a fresh LoRA adapter has B = 0, so it computes the base model's outputs). Bank injection is off in the
-evaluation so it measures the policy alone.
+by the modes (a fresh LoRA adapter has B = 0, so it computes the base model's outputs). With `--init-adapter` (RL after
+SFT, METHOD §10) both modes start from that adapter instead, and step 0 is the adapter itself. Bank injection is off in
+the evaluation so it measures the policy alone.
 
 Writes OUT/learning_check.json (every number, per-sample scores included) and OUT/learning_check.png (curves).
 
@@ -16,6 +17,10 @@ Writes OUT/learning_check.json (every number, per-sample scores included) and OU
         --batch-questions 2 --rollouts 4 --temperature 0.8 --caps 16,32,16,48 --max-tool-calls 1 --lr 2e-3 \
         --snippets 2 --snippet-chars 300 --threads 2 --dtype bfloat16 \
         --out docs/learning_check        # the recorded run: about 50 min on 2 idle CPU cores
+    .venv/bin/python tests/benchmarks/learning_check.py --init-adapter agent/adapters/smollm2-sft --steps 3 \
+        --eval-every 3 --heldout 6 --eval-samples 2 --batch-questions 2 --rollouts 4 --temperature 0.8 \
+        --caps 352,128,224,160 --max-tool-calls 2 --lr 5e-4 --snippets 3 --snippet-chars 300 --threads 2 \
+        --dtype bfloat16 --out docs/learning_check/sft   # from the shipped SFT adapter; caps fit its plans (p90)
 
 The recorded runs are --seed 0 (docs/learning_check) and --seed 1 (docs/learning_check/seed1, other held-out
 questions); `learning_check_pool.py` pools their paired differences.
@@ -93,6 +98,7 @@ class CheckOptions:
     grad_checkpointing: bool
     dtype: str = "float32"
     bootstrap: int = 2000
+    init_adapter: Path | None = None  # RL after SFT: both modes start from this LoRA adapter (step 0 = it)
 
 
 @dataclass
@@ -215,16 +221,19 @@ def make_config(opts: CheckOptions, credit: str, runs: Path) -> TrainConfig:
         max_tool_calls=opts.max_tool_calls, plan_tokens=opts.plan_tokens, research_tokens=opts.research_tokens,
         review_tokens=opts.review_tokens, answer_tokens=opts.answer_tokens, temperature=opts.temperature,
         reflection=opts.reflection, judge="offline", seed=opts.seed, gradient_checkpointing=opts.grad_checkpointing,
-        dtype=opts.dtype,
+        dtype=opts.dtype, init_adapter=opts.init_adapter,
         # One checkpoint at the end: this check never resumes, and save_state every step costs CPU time.
         checkpoint_every=opts.steps, keep_checkpoints=1,
     )
 
 
-def offline_settings(data_dir: Path, model_dir: Path, snippets: int = 5, snippet_chars: int = 700) -> Settings:
-    """Settings for a throwaway data folder, the converted SmolLM2, smaller tool outputs, the offline judge."""
+def offline_settings(data_dir: Path, model_dir: Path, snippets: int = 5, snippet_chars: int = 700,
+                     adapter: Path | None = None) -> Settings:
+    """Settings for a throwaway data folder, the converted SmolLM2 (plus `adapter`, if given, as the policy's starting
+    weights), smaller tool outputs, the offline judge."""
     s = Settings(store=StoreConfig(data_dir=data_dir), agent=AgentConfig(
-        embedded_model_path=model_dir, local_search_k=snippets, snippet_chars=snippet_chars))
+        embedded_model_path=model_dir, embedded_adapter_path=adapter, local_search_k=snippets,
+        snippet_chars=snippet_chars))
     return s.model_copy(update={"learning": s.learning.model_copy(update={
         "judge": s.learning.judge.model_copy(update={"base_url": None})})})
 
@@ -285,9 +294,10 @@ async def run_mode(opts: CheckOptions, credit: str, settings: Settings, runs: Pa
     points: list[EvalPoint] = []
     try:
         if base is None:
-            say(f"[{credit}] evaluating the base model on {len(heldout)} held-out questions")
-            base = await evaluator.run(cfg, heldout, opts.eval_samples, 0, "base", say)
-            say(f"[{credit}] base: {fmt(base.mean)}")
+            start = "init" if opts.init_adapter else "base"
+            say(f"[{credit}] evaluating the {start} policy on {len(heldout)} held-out questions")
+            base = await evaluator.run(cfg, heldout, opts.eval_samples, 0, start, say)
+            say(f"[{credit}] {start}: {fmt(base.mean)}")
         points.append(base)
         rows: list[dict[str, Any]] = []
 
@@ -409,6 +419,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[CheckOptions, argpars
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="trainer weights dtype (bfloat16: 1.6x faster update on CPUs with AMX; LoRA stays float32)")
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL, help="converted SmolLM2 folder")
+    p.add_argument("--init-adapter", type=Path, help="start both modes from this LoRA adapter (e.g. the shipped SFT "
+                   "one, agent/adapters/smollm2-sft); step 0 is then the adapter, not the base model")
     p.add_argument("--data-dir", type=Path,
                    help="throwaway data folder: index, runs (adapters, rollouts), eval logs (default: a new temp folder)")
     p.add_argument("--out", type=Path, required=True, help="folder for learning_check.json and learning_check.png")
@@ -432,7 +444,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[CheckOptions, argpars
         plan_tokens=caps[0], research_tokens=caps[1], review_tokens=caps[2], answer_tokens=caps[3],
         temperature=a.temperature, reflection=a.reflection, seed=a.seed,
         threads=a.threads, snippets=a.snippets, snippet_chars=a.snippet_chars,
-        grad_checkpointing=a.grad_checkpointing, dtype=a.dtype)
+        grad_checkpointing=a.grad_checkpointing, dtype=a.dtype, init_adapter=a.init_adapter)
+    if a.init_adapter is not None and not (a.init_adapter / "adapter_config.json").is_file():
+        p.error(f"--init-adapter {a.init_adapter}: no adapter_config.json there")
     return opts, a
 
 
@@ -444,7 +458,7 @@ async def main_async(opts: CheckOptions, args: argparse.Namespace) -> dict[str, 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="rubricem-learning-check-"))
-    settings = offline_settings(data_dir, args.model_dir, opts.snippets, opts.snippet_chars)
+    settings = offline_settings(data_dir, args.model_dir, opts.snippets, opts.snippet_chars, opts.init_adapter)
     runs = data_dir / "runs"  # adapters, rollouts and eval logs stay out of OUT (which holds only the report)
     began = time.perf_counter()
 
@@ -460,7 +474,8 @@ async def main_async(opts: CheckOptions, args: argparse.Namespace) -> dict[str, 
         results.append(r)
     wall = time.perf_counter() - began
     report = {
-        "what": "held-out mean reward (offline judge) before/after SS-GRPO vs answer-only training of SmolLM2-135M",
+        "what": "held-out mean reward (offline judge) before/after SS-GRPO vs answer-only training of SmolLM2-135M"
+                + (f", both starting from the adapter {opts.init_adapter}" if opts.init_adapter else ""),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "options": asdict(opts),
         "wall_seconds": round(wall, 1),
@@ -480,7 +495,7 @@ async def main_async(opts: CheckOptions, args: argparse.Namespace) -> dict[str, 
     }
     (out / "learning_check.json").write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
     plot(results, out / "learning_check.png",
-         f"SmolLM2-135M, LoRA r={opts.lora_r}, lr={opts.lr}, {opts.batch_questions} q × {opts.rollouts} rollouts per "
+         f"SmolLM2-135M{' + ' + opts.init_adapter.name if opts.init_adapter else ''}, LoRA r={opts.lora_r}, lr={opts.lr}, {opts.batch_questions} q × {opts.rollouts} rollouts per "
          f"step; held-out: {opts.heldout} questions × {opts.eval_samples} samples (offline judge)")
     say(f"wrote {out / 'learning_check.json'} and {out / 'learning_check.png'} ({wall:.0f}s)")
     return report

@@ -118,9 +118,10 @@ def test_twice_bad_raises_output_invalid_and_counts_usage(openai_standin: OpenAI
     openai_standin.push("nope")
     openai_standin.push("", finish_reason="length")  # empty and cut off
     client = _client(openai_standin, cache_dir=tmp_path)
-    with pytest.raises(JudgeOutputInvalid, match="invalid after one repair retry"):
+    with pytest.raises(JudgeOutputInvalid, match="invalid after one repair retry") as failed:
         _ask(client)
     assert client.usage.calls == 2  # billed requests are counted even when the answer is useless
+    assert failed.value.usage == client.usage  # and the error carries them to the caller's run summary
     assert not list(tmp_path.rglob("*.json"))  # invalid answers are never cached
 
 

@@ -192,6 +192,7 @@ def test_generation_not_json_means_no_new_rubrics(openai_standin: OpenAIStandIn)
     result = run(openai_standin)  # in-memory buffer: only the persistent rubric exists
     a, b, _ = result.judgements
     assert result.generation_error and "JudgeOutputInvalid" in result.generation_error
+    assert result.usage.calls == len(openai_standin.chat_requests)  # the failed generation's two calls count too
     assert a.scaffold["rubric_generation"].startswith("failed")
     assert a.stages["answer"].score == 1.0 and b.stages["answer"].score == 0.0
     for s in ("plan", "research"):
