@@ -39,7 +39,7 @@ def check_generate_args(stop: Sequence[str], max_tokens: int, temperature: float
     return stops
 
 
-def _smallest_spelling_prefix(pieces: Sequence[str], text: str) -> int | None:
+def smallest_spelling_prefix(pieces: Sequence[str], text: str) -> int | None:
     """The smallest k with `"".join(pieces[:k]) == text`, or None when no prefix of the pieces spells `text`."""
     if text == "":
         return 0
@@ -53,22 +53,22 @@ def _smallest_spelling_prefix(pieces: Sequence[str], text: str) -> int | None:
     return None
 
 
-def _finish_reason(value: object) -> FinishReason:
+def parse_finish_reason(value: object) -> FinishReason:
     return _FINISH_REASONS.get(str(value), "error") if value is not None else "error"
 
 
-def _drop_suffix(text: str, suffix: str) -> str:
+def drop_suffix(text: str, suffix: str) -> str:
     return text[: len(text) - len(suffix)] if suffix and text.endswith(suffix) else text
 
 
-def _first_choice(data: Mapping[str, Any]) -> Mapping[str, Any]:
+def first_choice(data: Mapping[str, Any]) -> Mapping[str, Any]:
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise PolicyUnavailable("completion response has no choices")
     return choices[0]
 
 
-def _legacy_logprobs(obj: object) -> tuple[list[str] | None, list[float] | None]:
+def legacy_logprobs(obj: object) -> tuple[list[str] | None, list[float] | None]:
     """`tokens` and `token_logprobs` of an OpenAI legacy logprobs object, or (None, None) when unusable."""
     if not isinstance(obj, dict):
         return None, None
@@ -81,7 +81,7 @@ def _legacy_logprobs(obj: object) -> tuple[list[str] | None, list[float] | None]
     return list(tokens), [float(v) for v in values]
 
 
-def _generation(
+def make_generation(
     text: str,
     ids: Sequence[int],
     logprobs: Sequence[float],

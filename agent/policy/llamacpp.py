@@ -10,14 +10,14 @@ import httpx
 
 from agent.errors import PolicyUnavailable
 from agent.policy.completions import (
-    _finish_reason,
-    _first_choice,
-    _generation,
-    _legacy_logprobs,
-    _smallest_spelling_prefix,
     check_generate_args,
+    first_choice,
+    legacy_logprobs,
+    make_generation,
+    parse_finish_reason,
+    smallest_spelling_prefix,
 )
-from agent.policy.transport import _HTTPPolicyBase
+from agent.policy.transport import HTTPPolicyBase
 from agent.protocols import ChatMessage, Generation, PromptContext
 
 SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -38,7 +38,7 @@ def render_chatml(messages: Sequence[ChatMessage], default_system: str | None = 
     return "".join(parts)
 
 
-class LlamaCppPolicyClient(_HTTPPolicyBase):
+class LlamaCppPolicyClient(HTTPPolicyBase):
     """`PolicyClient` for llama-cpp-python's OpenAI-compatible server (API_FACTS.md §7): the CPU dev/test path.
 
     That server takes text prompts only, returns no token ids and no stop reason, and drops the stop string from the
@@ -130,17 +130,17 @@ class LlamaCppPolicyClient(_HTTPPolicyBase):
         if seed is not None:
             body["seed"] = int(seed)
         data = await self._post("/v1/completions", body)
-        choice = _first_choice(data)
+        choice = first_choice(data)
         text = choice.get("text")
         if not isinstance(text, str):
             raise PolicyUnavailable("completion choice has no text")
-        finish = _finish_reason(choice.get("finish_reason"))
-        pieces, lps = _legacy_logprobs(choice.get("logprobs"))
-        k = _smallest_spelling_prefix(pieces, text) if pieces is not None else None
+        finish = parse_finish_reason(choice.get("finish_reason"))
+        pieces, lps = legacy_logprobs(choice.get("logprobs"))
+        k = smallest_spelling_prefix(pieces, text) if pieces is not None else None
         matched = _matched_stop(pieces, k, text, stops) if finish == "stop" else None
         ids = await self.tokenize(text)
         logprobs = tuple(lps[:k]) if (lps is not None and k is not None and k == len(ids)) else ()
-        return _generation(text, ids, logprobs, finish, matched, alias, "retokenized")
+        return make_generation(text, ids, logprobs, finish, matched, alias, "retokenized")
 
     async def _prefix(self) -> tuple[int, ...]:
         if self._implicit_prefix is None:

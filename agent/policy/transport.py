@@ -35,7 +35,7 @@ _CONTEXT_PATTERNS = re.compile(
 )
 
 
-class _HTTPPolicyBase:
+class HTTPPolicyBase:
     """Shared transport: one `httpx.AsyncClient`, retries with backoff and jitter, error mapping."""
 
     def __init__(
@@ -147,7 +147,7 @@ class _HTTPPolicyBase:
                 log.debug("%s %s -> %d in %.2fs", method, path, status, time.monotonic() - started)
                 if status < 400 or status in passthrough:
                     return resp
-                message, code = _error_details(resp)
+                message, code = error_details(resp)
                 if status == 429:
                     last = PolicyRateLimited(f"{method} {path}: rate limited (429): {message}")
                     retry_after = retry_after_seconds(resp.headers.get("retry-after"))
@@ -177,7 +177,7 @@ class _HTTPPolicyBase:
         return data
 
 
-def _error_details(resp: httpx.Response) -> tuple[str, str | None]:
+def error_details(resp: httpx.Response) -> tuple[str, str | None]:
     """The error message and code from an OpenAI-style `{"error": {...}}`, FastAPI `{"detail": ...}` or plain body."""
     try:
         data = resp.json()

@@ -12,15 +12,15 @@ import httpx
 
 from agent.errors import ContextTooLong, PolicyError, PolicyRequestError, PolicyUnavailable
 from agent.policy.completions import (
-    _drop_suffix,
-    _finish_reason,
-    _first_choice,
-    _generation,
-    _legacy_logprobs,
-    _smallest_spelling_prefix,
     check_generate_args,
+    drop_suffix,
+    first_choice,
+    legacy_logprobs,
+    make_generation,
+    parse_finish_reason,
+    smallest_spelling_prefix,
 )
-from agent.policy.transport import _error_details, _HTTPPolicyBase
+from agent.policy.transport import HTTPPolicyBase, error_details
 from agent.protocols import ChatMessage, Generation, PromptContext
 
 log = logging.getLogger("agent.policy")  # one logger for the whole client package, named as before the split
@@ -30,7 +30,7 @@ VLLM_RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # without it vLLM ha
 SLEEP_MODES = ("wait", "abort", "keep")  # what vLLM's /sleep does with running requests
 
 
-class VLLMPolicyClient(_HTTPPolicyBase):
+class VLLMPolicyClient(HTTPPolicyBase):
     """`PolicyClient` for vLLM's OpenAI-compatible server (API_FACTS.md §1, §3).
 
     Prompts are sent as token ids to `/v1/completions`, so the assistant sequence is exactly what was sampled. The
@@ -147,27 +147,27 @@ class VLLMPolicyClient(_HTTPPolicyBase):
         if seed is not None:
             body["seed"] = int(seed)
         data = await self._post("/v1/completions", body)
-        choice = _first_choice(data)
+        choice = first_choice(data)
         return await self._normalise(choice, alias)
 
     async def _normalise(self, choice: Mapping[str, Any], alias: str) -> Generation:
         text = choice.get("text")
         if not isinstance(text, str):
             raise PolicyUnavailable("completion choice has no text")
-        finish = _finish_reason(choice.get("finish_reason"))
+        finish = parse_finish_reason(choice.get("finish_reason"))
         stop_reason = choice.get("stop_reason")
         stop = stop_reason if finish == "stop" and isinstance(stop_reason, str) else None
         ended_on_token = finish == "stop" and stop is None  # EOS (stop_reason null) or a stop_token_ids hit (int)
-        pieces, lps = _legacy_logprobs(choice.get("logprobs"))
+        pieces, lps = legacy_logprobs(choice.get("logprobs"))
         raw_ids = choice.get("token_ids")
         if not isinstance(raw_ids, list):
             # An older server without return_token_ids: tokenize the text; logprobs only when they line up.
             if ended_on_token and pieces:
-                text = _drop_suffix(text, pieces[-1])
+                text = drop_suffix(text, pieces[-1])
             ids = await self.tokenize(text)
-            k = _smallest_spelling_prefix(pieces, text) if pieces is not None else None
+            k = smallest_spelling_prefix(pieces, text) if pieces is not None else None
             aligned = lps if (k is not None and k == len(ids) and lps is not None) else None
-            return _generation(text, ids, aligned[:k] if aligned else (), finish, stop, alias, "retokenized")
+            return make_generation(text, ids, aligned[:k] if aligned else (), finish, stop, alias, "retokenized")
         ids = tuple(int(i) for i in raw_ids)
         if lps is not None and len(lps) != len(ids):
             pieces, lps = None, None
@@ -181,9 +181,9 @@ class VLLMPolicyClient(_HTTPPolicyBase):
             keep = len(ids) - 1
             spelled = await self._text_before_last(ids, pieces, text)
         if spelled is None:  # the ids do not decode to the server's text: fall back to the text alone
-            return _generation(text, await self.tokenize(text), (), finish, stop, alias, "retokenized")
+            return make_generation(text, await self.tokenize(text), (), finish, stop, alias, "retokenized")
         logprobs = tuple(lps[:keep]) if lps is not None else ()
-        return _generation(spelled, ids[:keep], logprobs, finish, stop, alias, "server")
+        return make_generation(spelled, ids[:keep], logprobs, finish, stop, alias, "server")
 
     async def _text_before_last(self, ids: tuple[int, ...], pieces: list[str] | None, text: str) -> str | None:
         """The text of all ids but the last (the EOS or stop token), whose text the server appended; None if unsure."""
@@ -242,7 +242,7 @@ class VLLMPolicyClient(_HTTPPolicyBase):
         body = {"lora_name": name, "lora_path": lora_path, "load_inplace": bool(load_inplace)}
         resp = await self._lora_request("/v1/load_lora_adapter", body)
         if resp.status_code >= 500:
-            message, _ = _error_details(resp)
+            message, _ = error_details(resp)
             raise PolicyUnavailable(
                 f"POST /v1/load_lora_adapter: vLLM could not load adapter {name!r} from {lora_path}: {message} "
                 "(a server started without --enable-lora, or an adapter rank above --max-lora-rank, fails this way)"
@@ -265,7 +265,7 @@ class VLLMPolicyClient(_HTTPPolicyBase):
             raise ValueError("unload_lora_adapter needs a non-empty adapter name")
         resp = await self._lora_request("/v1/unload_lora_adapter", {"lora_name": name})
         if resp.status_code >= 500:
-            message, _ = _error_details(resp)
+            message, _ = error_details(resp)
             raise PolicyUnavailable(f"POST /v1/unload_lora_adapter: vLLM could not unload {name!r}: {message}")
         log.info("vLLM unloaded LoRA adapter %s", name)
 
@@ -392,7 +392,7 @@ class VLLMPolicyClient(_HTTPPolicyBase):
 
 def _raise_not_found(method: str, path: str, resp: httpx.Response, hint: str) -> NoReturn:
     """Raise for a 404: FastAPI's bare `{"detail": "Not Found"}` means the route itself is absent (`hint` says why)."""
-    message, _ = _error_details(resp)
+    message, _ = error_details(resp)
     try:
         data = resp.json()
     except ValueError:

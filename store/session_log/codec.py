@@ -25,7 +25,7 @@ _I32 = next(code for code in ("i", "l") if array(code).itemsize == 4)
 _BIG_ENDIAN = sys.byteorder == "big"
 
 
-def _pack_ids(ids: Sequence[int], what: str) -> bytes:
+def pack_ids(ids: Sequence[int], what: str) -> bytes:
     try:
         arr = array(_I32, ids)
     except (OverflowError, TypeError) as exc:
@@ -37,7 +37,7 @@ def _pack_ids(ids: Sequence[int], what: str) -> bytes:
     return arr.tobytes()
 
 
-def _unpack_ids(blob: bytes) -> tuple[int, ...]:
+def unpack_ids(blob: bytes) -> tuple[int, ...]:
     arr = array(_I32)
     arr.frombytes(blob)
     if _BIG_ENDIAN:
@@ -45,7 +45,7 @@ def _unpack_ids(blob: bytes) -> tuple[int, ...]:
     return tuple(arr)
 
 
-def _pack_floats(values: Sequence[float], what: str) -> bytes:
+def pack_floats(values: Sequence[float], what: str) -> bytes:
     try:
         arr = array("d", values)
     except TypeError as exc:
@@ -55,7 +55,7 @@ def _pack_floats(values: Sequence[float], what: str) -> bytes:
     return arr.tobytes()
 
 
-def _unpack_floats(blob: bytes) -> tuple[float, ...]:
+def unpack_floats(blob: bytes) -> tuple[float, ...]:
     arr = array("d")
     arr.frombytes(blob)
     if _BIG_ENDIAN:
@@ -63,7 +63,7 @@ def _unpack_floats(blob: bytes) -> tuple[float, ...]:
     return tuple(arr)
 
 
-def _text_in(value: object, what: str) -> str | bytes:
+def text_in(value: object, what: str) -> str | bytes:
     """Free text goes in as TEXT; a str with lone surrogates (not valid Unicode) as a UTF-8 BLOB, so nothing is lost."""
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a str, got {type(value).__name__}")
@@ -74,19 +74,19 @@ def _text_in(value: object, what: str) -> str | bytes:
     return value
 
 
-def _text_out(value: str | bytes) -> str:
+def text_out(value: str | bytes) -> str:
     return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
 
 
-def _opt_text_in(value: object, what: str) -> str | bytes | None:
-    return None if value is None else _text_in(value, what)
+def opt_text_in(value: object, what: str) -> str | bytes | None:
+    return None if value is None else text_in(value, what)
 
 
-def _opt_text_out(value: str | bytes | None) -> str | None:
-    return None if value is None else _text_out(value)
+def opt_text_out(value: str | bytes | None) -> str | None:
+    return None if value is None else text_out(value)
 
 
-def _label_in(value: object, what: str, *, allow_empty: bool = False) -> str:
+def label_in(value: object, what: str, *, allow_empty: bool = False) -> str:
     """Identifiers (ids, versions, hashes, model names): short valid-Unicode str, non-empty unless allowed."""
     if not isinstance(value, str) or (not value and not allow_empty) or len(value) > _MAX_ID_LEN:
         raise InvalidInput(f"{what} must be a non-empty str of at most {_MAX_ID_LEN} characters, got {value!r:.80}")
@@ -97,7 +97,7 @@ def _label_in(value: object, what: str, *, allow_empty: bool = False) -> str:
     return value
 
 
-def _json_in(value: object, what: str) -> str:
+def json_in(value: object, what: str) -> str:
     # ASCII-escaped, so any str (lone surrogates included) survives; NaN/inf rejected because they are not JSON.
     try:
         return json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
@@ -105,19 +105,19 @@ def _json_in(value: object, what: str) -> str:
         raise InvalidInput(f"{what} must be JSON-serialisable (str keys, no NaN/inf): {exc}") from exc
 
 
-def _mapping_in(value: object, what: str) -> str:
+def mapping_in(value: object, what: str) -> str:
     if not isinstance(value, Mapping):
         raise InvalidInput(f"{what} must be a mapping, got {type(value).__name__}")
-    return _json_in(dict(value), what)
+    return json_in(dict(value), what)
 
 
-def _choice(value: object, allowed: tuple[str, ...], what: str) -> str:
+def choice_in(value: object, allowed: tuple[str, ...], what: str) -> str:
     if value not in allowed:
         raise InvalidInput(f"{what} must be one of {allowed}, got {value!r:.80}")
     return value
 
 
-def _iso(moment: datetime) -> str:
+def iso(moment: datetime) -> str:
     """Fixed-width UTC ISO-8601 (naive datetimes are taken as UTC), so that text order is time order."""
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)

@@ -25,7 +25,7 @@ from store.errors import (
     StoreClosed,
 )
 from store.migrations import apply_migrations
-from store.session_log.codec import _iso
+from store.session_log.codec import iso
 
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 _BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
@@ -160,10 +160,10 @@ class SessionLogBase:
 
     def now(self) -> str:
         """The log's clock as an ISO-8601 UTC string."""
-        return _iso(self._clock())
+        return iso(self._clock())
 
     def _now(self) -> str:
-        return _iso(self._clock())
+        return iso(self._clock())
 
     @staticmethod
     def _status(conn: sqlite3.Connection, session_id: str) -> str:

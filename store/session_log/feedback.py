@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from store.errors import InvalidInput
 from store.records import normalise_question
-from store.session_log.codec import _text_in, _text_out
+from store.session_log.codec import text_in, text_out
 from store.session_log.connection import SessionLogBase
 
 FEEDBACK_RATINGS: tuple[str, ...] = ("up", "down")
@@ -28,8 +28,8 @@ class FeedbackRecord:
 
 
 def _feedback_record(row: Sequence[Any]) -> FeedbackRecord:
-    return FeedbackRecord(feedback_id=int(row[0]), session_id=row[1], question=_text_out(row[2]), rating=row[3],
-                          note=_text_out(row[4]), created_at=row[5])
+    return FeedbackRecord(feedback_id=int(row[0]), session_id=row[1], question=text_out(row[2]), rating=row[3],
+                          note=text_out(row[4]), created_at=row[5])
 
 
 class FeedbackMixin(SessionLogBase):
@@ -58,7 +58,7 @@ class FeedbackMixin(SessionLogBase):
             raise InvalidInput(f"feedback note is {len(text):,} characters long; at most {MAX_FEEDBACK_NOTE:,} allowed")
         if rating is None and not text:
             raise InvalidInput("feedback needs a rating ('up' or 'down') or a note")
-        stored = _text_in(text, "feedback note")
+        stored = text_in(text, "feedback note")
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
             self._status(conn, session_id)
@@ -101,4 +101,4 @@ class FeedbackMixin(SessionLogBase):
                 "SELECT f.feedback_id, f.session_id, s.question, f.rating, f.note, f.created_at FROM feedback f "
                 "JOIN sessions s ON s.session_id = f.session_id ORDER BY f.feedback_id"
             ).fetchall()
-        return [_feedback_record(r) for r in rows if normalise_question(_text_out(r[2])) == key]
+        return [_feedback_record(r) for r in rows if normalise_question(text_out(r[2])) == key]

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from store.errors import InvalidInput, SessionNotCompleted
-from store.session_log.codec import _iso, _label_in, _mapping_in
+from store.session_log.codec import iso, label_in, mapping_in
 from store.session_log.connection import SessionLogBase
 
 
@@ -57,12 +57,12 @@ class JudgementsMixin(SessionLogBase):
         if status == "failed" and not error:
             raise InvalidInput("a failed judgement needs an error message")
         values = (
-            _label_in(judge_model, "judge_model"),
-            _mapping_in(payload, "payload"),
+            label_in(judge_model, "judge_model"),
+            mapping_in(payload, "payload"),
             status,
             error,
-            _label_in(judge_kind, "judge_kind"),
-            _label_in(rubric_version, "rubric_version", allow_empty=True),
+            label_in(judge_kind, "judge_kind"),
+            label_in(rubric_version, "rubric_version", allow_empty=True),
         )
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
@@ -108,13 +108,13 @@ class JudgementsMixin(SessionLogBase):
                 "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND s.finished_at >= ? "
                 "AND NOT EXISTS (SELECT 1 FROM judgements j WHERE j.session_id = s.session_id AND j.status = 'ok') "
                 "ORDER BY s.finished_at, s.rowid LIMIT ?",
-                ("" if since is None else _iso(since), -1 if limit is None else limit),
+                ("" if since is None else iso(since), -1 if limit is None else limit),
             ).fetchall()
         return [str(r[0]) for r in rows]
 
     def save_rubric_buffer(self, question_sha: str, question: str, payload: Mapping[str, object]) -> int:
         """Insert or replace the rubric buffer of a question; returns its new version (1, 2, ...)."""
-        values = (_label_in(question_sha, "question_sha"), _mapping_in(payload, "payload"))
+        values = (label_in(question_sha, "question_sha"), mapping_in(payload, "payload"))
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
             row = conn.execute("SELECT version FROM rubric_buffers WHERE question_sha = ?", (values[0],)).fetchone()

@@ -12,16 +12,16 @@ from store.records import FinishReason, PromptRecord, TokenSource
 from store.session_log.codec import (
     _FINISH_REASONS,
     _SOURCES,
-    _choice,
-    _label_in,
-    _opt_text_in,
-    _opt_text_out,
-    _pack_floats,
-    _pack_ids,
-    _text_in,
-    _text_out,
-    _unpack_floats,
-    _unpack_ids,
+    choice_in,
+    label_in,
+    opt_text_in,
+    opt_text_out,
+    pack_floats,
+    pack_ids,
+    text_in,
+    text_out,
+    unpack_floats,
+    unpack_ids,
 )
 from store.session_log.connection import SessionLogBase
 
@@ -110,8 +110,8 @@ def _candidate_row(candidate: object) -> tuple[object, ...]:
     index = _opt_int(c.index, "reflection candidate index", low=0)
     if index is None:
         raise InvalidInput("reflection candidate index must be an int >= 0, got None")
-    ids = _pack_ids(c.token_ids, what)
-    logprobs = _pack_floats(c.logprobs, what)
+    ids = pack_ids(c.token_ids, what)
+    logprobs = pack_floats(c.logprobs, what)
     if logprobs and len(logprobs) // 8 != len(ids) // 4:
         raise InvalidInput(f"{what}: logprobs must be empty or one per token id")
     if not isinstance(c.valid, bool):
@@ -126,19 +126,19 @@ def _candidate_row(candidate: object) -> tuple[object, ...]:
             raise InvalidInput(f"{what}: an invalid candidate is never scored")
     return (
         index,
-        _label_in(c.policy_version, f"{what}: policy_version"),
-        _text_in(c.text, f"{what}: text"),
-        _text_in(c.forced_suffix, f"{what}: forced_suffix"),
+        label_in(c.policy_version, f"{what}: policy_version"),
+        text_in(c.text, f"{what}: text"),
+        text_in(c.forced_suffix, f"{what}: forced_suffix"),
         _opt_int(c.seed, f"{what}: seed"),
         ids,
         logprobs,
-        _choice(c.token_source, _SOURCES, f"{what}: token_source"),
-        _choice(c.finish_reason, _FINISH_REASONS, f"{what}: finish_reason"),
+        choice_in(c.token_source, _SOURCES, f"{what}: token_source"),
+        choice_in(c.finish_reason, _FINISH_REASONS, f"{what}: finish_reason"),
         int(c.valid),
-        _opt_text_in(c.validity_error, f"{what}: validity_error"),
+        opt_text_in(c.validity_error, f"{what}: validity_error"),
         *scores,
-        _text_in(c.justification, f"{what}: justification"),
-        _opt_text_in(c.judge_error, f"{what}: judge_error"),
+        text_in(c.justification, f"{what}: justification"),
+        opt_text_in(c.judge_error, f"{what}: judge_error"),
     )
 
 
@@ -180,7 +180,7 @@ class ReflectionsMixin(SessionLogBase):
             SessionNotCompleted: The session is running or failed.
             SessionStateError: The session is completed but has no "ok" judgement.
         """
-        bid = uuid.uuid4().hex if batch_id is None else _label_in(batch_id, "batch_id")
+        bid = uuid.uuid4().hex if batch_id is None else label_in(batch_id, "batch_id")
         if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence) or not candidates:
             raise InvalidInput("candidates must be a non-empty sequence of ReflectionCandidate")
         if not isinstance(prompt, PromptRecord):
@@ -190,15 +190,15 @@ class ReflectionsMixin(SessionLogBase):
         ):
             raise InvalidInput(f"temperature must be a finite number >= 0, got {temperature!r:.40}")
         batch = (
-            _text_in(prompt.text, "prompt.text"),
-            _pack_ids(prompt.token_ids, "prompt"),
-            _label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True),
+            text_in(prompt.text, "prompt.text"),
+            pack_ids(prompt.token_ids, "prompt"),
+            label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True),
             float(temperature),
             _opt_int(max_tokens, "max_tokens", low=1),
         )
         if batch[-1] is None:
             raise InvalidInput("max_tokens must be an int >= 1, got None")
-        model = _label_in(judge_model, "judge_model")
+        model = label_in(judge_model, "judge_model")
         rows = [_candidate_row(c) for c in candidates]  # validate and encode everything before taking the lock
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
@@ -230,11 +230,11 @@ class ReflectionsMixin(SessionLogBase):
             InvalidInput: No such candidate, it is invalid or unscored, another candidate of the batch is already
                 accepted, or it is already accepted under another item id (nothing was written).
         """
-        bid = _label_in(batch_id, "batch_id")
+        bid = label_in(batch_id, "batch_id")
         index = _opt_int(candidate, "candidate", low=0)
         if index is None:
             raise InvalidInput("candidate must be an int >= 0, got None")
-        item = _label_in(bank_item_id, "bank_item_id")
+        item = label_in(bank_item_id, "bank_item_id")
         with self._transaction("IMMEDIATE") as conn:
             row = conn.execute(
                 "SELECT valid, u, accepted, bank_item_id FROM reflection_candidates "
@@ -277,10 +277,10 @@ class ReflectionsMixin(SessionLogBase):
         params: list[str] = []
         if session_id is not None:
             where.append("session_id = ?")
-            params.append(_label_in(session_id, "session_id"))
+            params.append(label_in(session_id, "session_id"))
         if batch_id is not None:
             where.append("batch_id = ?")
-            params.append(_label_in(batch_id, "batch_id"))
+            params.append(label_in(batch_id, "batch_id"))
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         with self._transaction("DEFERRED") as conn:
             if session_id is not None:
@@ -296,16 +296,16 @@ class ReflectionsMixin(SessionLogBase):
         return [
             ReflectionCandidateRecord(
                 batch_id=r[0], session_id=r[1],
-                prompt=PromptRecord(text=_text_out(r[3]), token_ids=_unpack_ids(r[4]), prompt_sha=r[5]),
+                prompt=PromptRecord(text=text_out(r[3]), token_ids=unpack_ids(r[4]), prompt_sha=r[5]),
                 temperature=float(r[6]), max_tokens=int(r[7]), judge_model=r[8], accepted=bool(r[9]),
                 bank_item_id=r[10], created_at=r[11],
                 candidate=ReflectionCandidate(
-                    index=int(r[12]), policy_version=r[2], text=_text_out(r[13]), forced_suffix=_text_out(r[14]),
+                    index=int(r[12]), policy_version=r[2], text=text_out(r[13]), forced_suffix=text_out(r[14]),
                     seed=r[15],
-                    token_ids=_unpack_ids(r[16]), logprobs=_unpack_floats(r[17]), token_source=r[18],
-                    finish_reason=r[19], valid=bool(r[20]), validity_error=_opt_text_out(r[21]),
+                    token_ids=unpack_ids(r[16]), logprobs=unpack_floats(r[17]), token_source=r[18],
+                    finish_reason=r[19], valid=bool(r[20]), validity_error=opt_text_out(r[21]),
                     diagnostic_accuracy=r[22], specificity=r[23], scope_balance=r[24], u_within=r[25],
-                    u_cross=r[26], u=r[27], justification=_text_out(r[28]), judge_error=_opt_text_out(r[29]),
+                    u_cross=r[26], u=r[27], justification=text_out(r[28]), judge_error=opt_text_out(r[29]),
                 ),
             )
             for r in rows

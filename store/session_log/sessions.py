@@ -25,19 +25,19 @@ from store.records import (
 from store.session_log.codec import (
     _FINISH_REASONS,
     _SOURCES,
-    _choice,
-    _iso,
-    _json_in,
-    _label_in,
-    _mapping_in,
-    _opt_text_in,
-    _opt_text_out,
-    _pack_floats,
-    _pack_ids,
-    _text_in,
-    _text_out,
-    _unpack_floats,
-    _unpack_ids,
+    choice_in,
+    iso,
+    json_in,
+    label_in,
+    mapping_in,
+    opt_text_in,
+    opt_text_out,
+    pack_floats,
+    pack_ids,
+    text_in,
+    text_out,
+    unpack_floats,
+    unpack_ids,
 )
 from store.session_log.connection import SessionLogBase
 
@@ -79,21 +79,21 @@ class _TurnRow:
 def _turn_row(turn: object) -> _TurnRow:
     if not isinstance(turn, Turn):
         raise InvalidInput(f"expected a Turn, got {type(turn).__name__}")
-    ids = _pack_ids(turn.token_ids, "turn")
-    logprobs = _pack_floats(turn.logprobs, "turn")
+    ids = pack_ids(turn.token_ids, "turn")
+    logprobs = pack_floats(turn.logprobs, "turn")
     # Turn checks alignment in __post_init__, but a store must not trust that the caller did not bypass it.
     if logprobs and len(logprobs) // 8 != len(ids) // 4:
         raise InvalidInput("turn: logprobs must be empty or one per token id")
     return _TurnRow(
-        stage=_choice(turn.stage, STAGES, "turn.stage"),
-        kind=_choice(turn.kind, _KINDS, "turn.kind"),
-        text=_text_in(turn.text, "turn.text"),
+        stage=choice_in(turn.stage, STAGES, "turn.stage"),
+        kind=choice_in(turn.kind, _KINDS, "turn.kind"),
+        text=text_in(turn.text, "turn.text"),
         token_ids=ids,
         logprobs=logprobs,
-        policy_version=_label_in(turn.policy_version, "turn.policy_version"),
-        prompt_sha=_label_in(turn.prompt_sha, "turn.prompt_sha", allow_empty=True),
-        token_source=_choice(turn.token_source, _SOURCES, "turn.token_source"),
-        finish_reason=None if turn.finish_reason is None else _choice(
+        policy_version=label_in(turn.policy_version, "turn.policy_version"),
+        prompt_sha=label_in(turn.prompt_sha, "turn.prompt_sha", allow_empty=True),
+        token_source=choice_in(turn.token_source, _SOURCES, "turn.token_source"),
+        finish_reason=None if turn.finish_reason is None else choice_in(
             turn.finish_reason, _FINISH_REASONS, "turn.finish_reason"),
     )
 
@@ -126,15 +126,15 @@ def _call_row(call: object) -> _CallRow:
         if not isinstance(snippet, Snippet):
             raise InvalidInput(f"expected a Snippet, got {type(snippet).__name__}")
         snippets.append((
-            _text_in(snippet.id, "snippet.id"), _text_in(snippet.tool, "snippet.tool"),
-            _text_in(snippet.title, "snippet.title"), _text_in(snippet.text, "snippet.text"),
-            _text_in(snippet.url, "snippet.url"),
+            text_in(snippet.id, "snippet.id"), text_in(snippet.tool, "snippet.tool"),
+            text_in(snippet.title, "snippet.title"), text_in(snippet.text, "snippet.text"),
+            text_in(snippet.url, "snippet.url"),
         ))
     return _CallRow(
-        tool=_text_in(call.tool, "tool call tool"),
-        query=_text_in(call.query, "tool call query"),
-        attrs_json=_json_in(dict(call.attrs), "tool call attrs"),
-        error=_opt_text_in(call.error, "tool call error"),
+        tool=text_in(call.tool, "tool call tool"),
+        query=text_in(call.query, "tool call query"),
+        attrs_json=json_in(dict(call.attrs), "tool call attrs"),
+        error=opt_text_in(call.error, "tool call error"),
         seconds=seconds,
         snippets=tuple(snippets),
     )
@@ -170,13 +170,13 @@ class SessionsMixin(SessionLogBase):
             InvalidInput: A value cannot be stored (nothing was written).
             DuplicateSession: `session_id` is already taken.
         """
-        sid = uuid.uuid4().hex if session_id is None else _label_in(session_id, "session_id")
+        sid = uuid.uuid4().hex if session_id is None else label_in(session_id, "session_id")
         if not isinstance(prompt, PromptRecord):
             raise InvalidInput(f"prompt must be a PromptRecord, got {type(prompt).__name__}")
         values = (
-            sid, _text_in(question, "question"), _label_in(policy_version, "policy_version"),
-            _mapping_in(options, "options"), _text_in(prompt.text, "prompt.text"),
-            _pack_ids(prompt.token_ids, "prompt"), _label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True),
+            sid, text_in(question, "question"), label_in(policy_version, "policy_version"),
+            mapping_in(options, "options"), text_in(prompt.text, "prompt.text"),
+            pack_ids(prompt.token_ids, "prompt"), label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True),
         )
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
@@ -285,7 +285,7 @@ class SessionsMixin(SessionLogBase):
             # A bare str is a Sequence[str] too; storing its characters as ids would be a silent bug.
             if isinstance(injected_bank_items, str) or not all(isinstance(i, str) for i in injected_bank_items):
                 raise InvalidInput("injected_bank_items must be a sequence of str ids")
-            updates["injected_bank_items_json"] = _json_in(list(injected_bank_items), "injected_bank_items")
+            updates["injected_bank_items_json"] = json_in(list(injected_bank_items), "injected_bank_items")
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
             self._require_running(conn, session_id, "set flags")
@@ -318,10 +318,10 @@ class SessionsMixin(SessionLogBase):
             SessionNotFound: Unknown id.
             SessionNotRunning: The session already finished (e.g. finishing twice).
         """
-        final = _choice(status, ("completed", "failed"), "status")
+        final = choice_in(status, ("completed", "failed"), "status")
         values = (
-            _opt_text_in(report, "report"), _opt_text_in(error, "error"),
-            _mapping_in({} if metrics is None else metrics, "metrics"),
+            opt_text_in(report, "report"), opt_text_in(error, "error"),
+            mapping_in({} if metrics is None else metrics, "metrics"),
         )
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
@@ -344,7 +344,7 @@ class SessionsMixin(SessionLogBase):
         if not isinstance(older_than, timedelta) or older_than < timedelta(0):
             raise InvalidInput(f"older_than must be a timedelta >= 0, got {older_than!r}")
         now_dt = self._clock()
-        now, cutoff = _iso(now_dt), _iso(now_dt - older_than)
+        now, cutoff = iso(now_dt), iso(now_dt - older_than)
         with self._transaction("IMMEDIATE") as conn:
             cursor = conn.execute(
                 "UPDATE sessions SET status = 'failed', finished_at = ?, updated_at = ?, "
@@ -385,25 +385,25 @@ class SessionsMixin(SessionLogBase):
                 (session_id,),
             ).fetchall()
         turns = tuple(
-            Turn(stage=r[0], kind=r[1], text=_text_out(r[2]), token_ids=_unpack_ids(r[3]),
-                 logprobs=_unpack_floats(r[4]), policy_version=r[5], prompt_sha=r[6],
+            Turn(stage=r[0], kind=r[1], text=text_out(r[2]), token_ids=unpack_ids(r[3]),
+                 logprobs=unpack_floats(r[4]), policy_version=r[5], prompt_sha=r[6],
                  token_source=r[7], finish_reason=r[8])
             for r in turn_rows
         )
         by_call: dict[int, list[Snippet]] = {}
         for r in snippet_rows:
             by_call.setdefault(r[0], []).append(Snippet(
-                id=_text_out(r[1]), tool=_text_out(r[2]), title=_text_out(r[3]), text=_text_out(r[4]),
-                url=_text_out(r[5])))
+                id=text_out(r[1]), tool=text_out(r[2]), title=text_out(r[3]), text=text_out(r[4]),
+                url=text_out(r[5])))
         calls = tuple(
-            ToolCallRecord(tool=_text_out(r[1]), query=_text_out(r[2]), attrs=json.loads(r[3]),
-                           snippets=tuple(by_call.get(r[0], ())), error=_opt_text_out(r[4]), seconds=r[5])
+            ToolCallRecord(tool=text_out(r[1]), query=text_out(r[2]), attrs=json.loads(r[3]),
+                           snippets=tuple(by_call.get(r[0], ())), error=opt_text_out(r[4]), seconds=r[5])
             for r in call_rows
         )
         trajectory = Trajectory(
             session_id=session_id,
-            question=_text_out(s[0]),
-            prompt=PromptRecord(text=_text_out(s[6]), token_ids=_unpack_ids(s[7]), prompt_sha=s[8]),
+            question=text_out(s[0]),
+            prompt=PromptRecord(text=text_out(s[6]), token_ids=unpack_ids(s[7]), prompt_sha=s[8]),
             turns=turns,
             tool_calls=calls,
             malformed=bool(s[9]),
@@ -412,8 +412,8 @@ class SessionsMixin(SessionLogBase):
         )
         return SessionRecord(
             session_id=session_id, question=trajectory.question, status=s[1], created_at=s[2], finished_at=s[3],
-            policy_version=s[4], options=json.loads(s[5]), trajectory=trajectory, report=_opt_text_out(s[12]),
-            error=_opt_text_out(s[13]), metrics=json.loads(s[14]),
+            policy_version=s[4], options=json.loads(s[5]), trajectory=trajectory, report=opt_text_out(s[12]),
+            error=opt_text_out(s[13]), metrics=json.loads(s[14]),
         )
 
     def list_sessions(self, limit: int = 50, status: str | None = None) -> list[SessionSummary]:
@@ -426,7 +426,7 @@ class SessionsMixin(SessionLogBase):
             raise InvalidInput(f"limit must be an int >= 1, got {limit!r}")
         where, params = "", []
         if status is not None:
-            where, params = "WHERE s.status = ?", [_choice(status, _STATUSES, "status")]
+            where, params = "WHERE s.status = ?", [choice_in(status, _STATUSES, "status")]
         with self._transaction("DEFERRED") as conn:
             rows = conn.execute(
                 "SELECT s.session_id, s.question, s.status, s.created_at, s.finished_at, s.policy_version, "
@@ -436,8 +436,8 @@ class SessionsMixin(SessionLogBase):
                 (*params, limit),
             ).fetchall()
         return [
-            SessionSummary(session_id=r[0], question=_text_out(r[1]), status=r[2], created_at=r[3], finished_at=r[4],
+            SessionSummary(session_id=r[0], question=text_out(r[1]), status=r[2], created_at=r[3], finished_at=r[4],
                            policy_version=r[5], n_turns=int(r[6]), n_tool_calls=int(r[7]), malformed=bool(r[8]),
-                           error=_opt_text_out(r[9]))
+                           error=opt_text_out(r[9]))
             for r in rows
         ]
