@@ -17,8 +17,8 @@ Writes OUT/learning_check.json (every number, per-sample scores included) and OU
         --batch-questions 2 --rollouts 4 --temperature 0.8 --caps 16,32,16,48 --max-tool-calls 1 --lr 2e-3 \
         --snippets 2 --snippet-chars 300 --threads 2 --dtype bfloat16 \
         --out docs/learning_check        # the recorded run: about 50 min on 2 idle CPU cores
-    .venv/bin/python tests/benchmarks/learning_check.py --init-adapter agent/adapters/smollm2-sft --steps 3 \
-        --eval-every 3 --heldout 6 --eval-samples 2 --batch-questions 2 --rollouts 4 --temperature 0.8 \
+    .venv/bin/python tests/benchmarks/learning_check.py --init-adapter agent/adapters/smollm2-sft --steps 2 \
+        --eval-every 2 --heldout 4 --eval-samples 1 --batch-questions 1 --rollouts 4 --temperature 0.8 \
         --caps 352,128,224,160 --max-tool-calls 2 --lr 5e-4 --snippets 3 --snippet-chars 300 --threads 2 \
         --dtype bfloat16 --out docs/learning_check/sft   # from the shipped SFT adapter; caps fit its plans (p90)
 
