@@ -428,7 +428,7 @@ async def _process(
         emit(ItemStarted(item.id, item.question))
         t0 = time.monotonic()
         try:
-            outcome = await service.run(item.question, opts)
+            outcome = await service.run(item.question, opts, source="batch")
         except InputError as exc:
             return _fail(out_dir, item, "input", str(exc), None, time.monotonic() - t0)
         except RunFailedError as exc:

@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
@@ -25,6 +25,7 @@ from app.settings import Settings
 from learning.errors import LearningError
 from store.doc_index import DocIndexError
 from store.errors import InvalidInput, SessionNotFound, StoreError
+from store.records import SessionSource
 from store.registry import RegistryError
 from store.rubric_bank import BankItemNotFound
 
@@ -58,7 +59,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     async def go() -> Any:
         try:
-            return await services.research.run(question, options, on_event=progress.event)
+            return await services.research.run(question, options, on_event=progress.event, source="cli")
         finally:
             await services.policy.aclose()
 
@@ -112,16 +113,17 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     settings = Settings()
     log = SessionLog(settings.store.sqlite_path)
     if args.action == "list":
-        rows = log.list_sessions(limit=args.limit, status=args.status)
+        rows = log.list_sessions(limit=args.limit, status=args.status, sources=args.source)
         if not rows:
             print("no sessions")
         for r in rows:
-            print(f"{r.session_id}  {r.status:<9}  {r.created_at}  {_short(r.question, 70)}")
+            print(f"{r.session_id}  {r.status:<9}  {r.source:<7}  {r.created_at}  {_short(r.question, 70)}")
         return 0
     rec = log.get(args.session_id)
     traj = rec.trajectory
     print(f"session   {rec.session_id}\nstatus    {rec.status}\nquestion  {rec.question}\npolicy    {rec.policy_version}")
     print(f"created   {rec.created_at}\nfinished  {rec.finished_at or '-'}")
+    print(f"source    {rec.source}{' (never trained on)' if rec.training_opt_out else ''}")
     if rec.error:
         print(f"error     {rec.error}")
     print(f"turns     {len(traj.turns)} ({sum(len(t.token_ids) for t in traj.turns)} tokens, "
@@ -298,6 +300,9 @@ def parser() -> argparse.ArgumentParser:
     lst = ses_sub.add_parser("list")
     lst.add_argument("--limit", type=int, default=20)
     lst.add_argument("--status", choices=["running", "completed", "failed"])
+    lst.add_argument("--source", action="append", choices=list(get_args(SessionSource)),
+                     help="only sessions from this source (repeatable): chat, cli, batch, api, eval (benchmark runs), "
+                     "probe (promotion-gate probes), rollout")
     show = ses_sub.add_parser("show")
     show.add_argument("session_id")
     show.add_argument("--turns", action="store_true", help="print every turn")

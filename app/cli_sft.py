@@ -18,6 +18,7 @@ from typing import Any
 from app.cli_common import Progress
 from app.settings import Settings
 
+
 def _student_tokenizer(settings: Settings, say: Any) -> tuple[Any, Path]:
     from transformers import AutoTokenizer
 
@@ -29,8 +30,8 @@ def _student_tokenizer(settings: Settings, say: Any) -> tuple[Any, Path]:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Generate teacher trajectories; prints the outcome counts."""
-    from app.container import ensure_corpus, open_index
     from agent.tools.registry import build_tools
+    from app.container import ensure_corpus, open_index
     from learning.sft.evidence_teacher import EvidenceChainTeacher
     from learning.sft.generate import generate
     from learning.sft.llm_teacher import LLMTeacher

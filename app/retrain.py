@@ -135,7 +135,7 @@ class RetrainApp:
         options = probe_options(self.settings)
 
         async def probe(question: str, seed: int) -> Trajectory:
-            out = await service.run(question, options.model_copy(update={"seed": seed}))
+            out = await service.run(question, options.model_copy(update={"seed": seed}), source="probe")
             return out.trajectory
 
         return probe

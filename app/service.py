@@ -23,7 +23,7 @@ from agent.run import execute, render_prompt, validate_question
 from agent.tools.ids import CallIdFactory
 from app import events as ev
 from store.errors import StoreError
-from store.records import STAGES, Retrieval, ToolCallRecord, Trajectory, Turn
+from store.records import STAGES, Retrieval, SessionSource, ToolCallRecord, Trajectory, Turn
 from store.session_log import SessionLog
 
 _log = logging.getLogger(__name__)
@@ -208,11 +208,14 @@ class ResearchService:
         options: RunOptions | None = None,
         on_event: EventSink | None = None,
         tools: Collection[str] | None = None,
+        source: SessionSource = "api",
     ) -> ResearchOutcome:
         """Research one question. Bad input raises InputError before anything is written.
 
         Args:
             tools: the configured search backends this run may use (None = all); the prompt offers only these.
+            source: where the question comes from, recorded with the session; benchmark runs ("eval") and gate
+                probes ("probe") are never learned from nor listed as a user's history (`store.records`).
 
         Raises:
             InputError: empty or over-long question, an unknown backend (nothing written).
@@ -229,7 +232,7 @@ class ResearchService:
             refs = await self.references(question, opts, sink)
             prompt = await render_prompt(question, deps, refs)
             version = self.policy.policy_version
-            sid = self.log.create_session(question, prompt, opts.model_dump(mode="json"), version)
+            sid = self.log.create_session(question, prompt, opts.model_dump(mode="json"), version, source=source)
             if refs.hits:
                 self.log.set_flags(sid, injected_bank_items=refs.item_ids)
         except Exception as exc:  # nothing was written: report it typed, without a session id

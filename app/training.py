@@ -60,7 +60,7 @@ def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: No
     reflection_judge = build_reflection_judge(settings, say)
 
     async def run_session(question: str, options: Any) -> tuple[str, Trajectory]:
-        out = await service.run(question, options)
+        out = await service.run(question, options, source="rollout")
         return out.session_id, out.trajectory
 
     async def reflect(session_id: str, seed: int) -> str | None:

@@ -30,6 +30,14 @@ trainer must not treat these ids as the sampled ones.
 """
 
 SessionStatus = Literal["running", "completed", "failed"]
+# Where a session came from: the research chat, `rubricem ask`, batch reports, a direct `ResearchService` caller,
+# a benchmark run, a promotion-gate probe, or a training rollout (kept in its run's own log).
+SessionSource = Literal["chat", "cli", "batch", "api", "eval", "probe", "rollout"]
+# Sources the product never learns from and never lists as a user's history: their sessions are created with the
+# training opt-out set, so no judge run, retraining window or reflection picks them up.
+UNLEARNED_SOURCES: frozenset[str] = frozenset({"eval", "probe"})
+# Sources a user's history lists (the research chat's sidebar).
+HISTORY_SOURCES: tuple[str, ...] = ("chat", "cli", "batch", "api")
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
@@ -182,6 +190,8 @@ class SessionRecord:
     report: str | None = None
     error: str | None = None
     metrics: Mapping[str, object] = field(default_factory=dict)
+    source: SessionSource = "api"
+    training_opt_out: bool = False
 
 
 def normalise_question(question: str) -> str:

@@ -25,6 +25,7 @@ from app.ui.view import (
 )
 from app.uploads import ingest_uploads
 from store.errors import StoreError
+from store.records import HISTORY_SOURCES
 from store.threads import ChatThreads
 
 _STATUS_STATE = {"running": "running", "complete": "complete"}
@@ -62,7 +63,7 @@ def _sidebar_history() -> None:
     st.sidebar.subheader("History")
     seen: set[str] = set()
     shown = 0
-    for s in svc.log.list_sessions(limit=60):
+    for s in svc.log.list_sessions(limit=60, sources=HISTORY_SOURCES):  # never benchmark runs or gate probes
         thread = threads.thread_of(s.session_id)
         key = thread or s.session_id
         if key in seen:

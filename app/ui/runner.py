@@ -61,7 +61,7 @@ class LiveRun:
         self.ended: RunEnded | None = None
         self._on_event = on_event
         self._future: Future[Any] = asyncio.run_coroutine_threadsafe(
-            service.run(question, options, on_event=self._event, tools=tools), shared_loop())
+            service.run(question, options, on_event=self._event, tools=tools, source="chat"), shared_loop())
         self._future.add_done_callback(self._done)
 
     def _event(self, event: ev.Event) -> None:

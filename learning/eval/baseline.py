@@ -45,8 +45,8 @@ class RagBaseline:
             raise ValueError("--k must be at least 1")
         self.policy, self.search, self.k = policy, search, k
 
-    async def run(self, question: str, options: RunOptions | None = None) -> BaselineOutcome:
-        """Retrieve once with the question, answer once."""
+    async def run(self, question: str, options: RunOptions | None = None, *, source: str = "eval") -> BaselineOutcome:
+        """Retrieve once with the question, answer once (`source` is accepted for the runner; nothing is logged)."""
         options = options or RunOptions()
         started = time.monotonic()
         ids = CallIdFactory(seed=options.seed)

@@ -49,8 +49,8 @@ class ResearchService(Protocol):
 
     policy: PolicyClient
 
-    async def run(self, question: str, options: RunOptions | None = None) -> ResearchOutcome:
-        """Research one question; raises on a failed run."""
+    async def run(self, question: str, options: RunOptions | None = None, *, source: str = "api") -> ResearchOutcome:
+        """Research one question (the runner passes source="eval"); raises on a failed run."""
         ...
 
 
@@ -178,7 +178,8 @@ async def _run_item(
     }  # fmt: skip
     started = time.monotonic()
     try:
-        outcome = await service.run(item.question, options.model_copy(update={"format": answer_format or item.format}))
+        outcome = await service.run(item.question, options.model_copy(update={"format": answer_format or item.format}),
+                                    source="eval")
     except Exception as exc:  # noqa: BLE001 - any failed run is recorded and the batch goes on (session marked failed)
         record.update(
             status="failed",

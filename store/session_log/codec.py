@@ -17,8 +17,8 @@ from typing import get_args
 from store.errors import InvalidInput
 from store.records import FinishReason, TokenSource
 
-_SOURCES: tuple[str, ...] = get_args(TokenSource)
-_FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
+TOKEN_SOURCES: tuple[str, ...] = get_args(TokenSource)
+FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
 _MAX_ID_LEN = 200
 # array's "i" is a C int; pick whichever typecode is 4 bytes here so the on-disk format is the same everywhere.
 _I32 = next(code for code in ("i", "l") if array(code).itemsize == 4)

@@ -90,7 +90,9 @@ class JudgementsMixin(SessionLogBase):
         ]
 
     def completed_unjudged(self, since: datetime | None = None, limit: int | None = None) -> list[str]:
-        """Ids of completed sessions without any judgement, oldest completion first.
+        """Ids of completed sessions without any judgement and without a training opt-out, oldest completion first.
+
+        Opted-out sessions (a user's choice, benchmark runs, gate probes) are never judged for training.
 
         Args:
             since: Only sessions that finished at or after this moment (naive datetimes are taken as UTC).
@@ -105,7 +107,8 @@ class JudgementsMixin(SessionLogBase):
             raise InvalidInput(f"since must be a datetime, got {type(since).__name__}")
         with self._transaction("DEFERRED") as conn:
             rows = conn.execute(
-                "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND s.finished_at >= ? "
+                "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND s.training_opt_out = 0 "
+                "AND s.finished_at >= ? "
                 "AND NOT EXISTS (SELECT 1 FROM judgements j WHERE j.session_id = s.session_id AND j.status = 'ok') "
                 "ORDER BY s.finished_at, s.rowid LIMIT ?",
                 ("" if since is None else iso(since), -1 if limit is None else limit),

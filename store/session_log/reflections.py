@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from store.errors import InvalidInput, SessionNotCompleted, SessionStateError
 from store.records import FinishReason, PromptRecord, TokenSource
 from store.session_log.codec import (
-    _FINISH_REASONS,
-    _SOURCES,
+    FINISH_REASONS,
+    TOKEN_SOURCES,
     choice_in,
     label_in,
     opt_text_in,
@@ -132,8 +132,8 @@ def _candidate_row(candidate: object) -> tuple[object, ...]:
         _opt_int(c.seed, f"{what}: seed"),
         ids,
         logprobs,
-        choice_in(c.token_source, _SOURCES, f"{what}: token_source"),
-        choice_in(c.finish_reason, _FINISH_REASONS, f"{what}: finish_reason"),
+        choice_in(c.token_source, TOKEN_SOURCES, f"{what}: token_source"),
+        choice_in(c.finish_reason, FINISH_REASONS, f"{what}: finish_reason"),
         int(c.valid),
         opt_text_in(c.validity_error, f"{what}: validity_error"),
         *scores,
@@ -314,6 +314,8 @@ class ReflectionsMixin(SessionLogBase):
     def sessions_without_reflection(self, limit: int | None = None) -> list[str]:
         """Ids of completed sessions with an "ok" judgement and no reflection batch yet, oldest completion first.
 
+        Sessions with a training opt-out (a user's choice, benchmark runs, gate probes) are never reflected.
+
         A batch counts whatever its outcome (a batch whose judge failed is stored too), so a session is offered once.
 
         Raises:
@@ -323,7 +325,7 @@ class ReflectionsMixin(SessionLogBase):
             raise InvalidInput(f"limit must be None or an int >= 1, got {limit!r}")
         with self._transaction("DEFERRED") as conn:
             rows = conn.execute(
-                "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' "
+                "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND s.training_opt_out = 0 "
                 "AND EXISTS (SELECT 1 FROM judgements j WHERE j.session_id = s.session_id AND j.status = 'ok') "
                 "AND NOT EXISTS (SELECT 1 FROM reflection_candidates c WHERE c.session_id = s.session_id) "
                 "ORDER BY s.finished_at, s.rowid LIMIT ?",

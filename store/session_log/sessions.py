@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal, get_args
@@ -13,8 +13,10 @@ from typing import Literal, get_args
 from store.errors import DuplicateSession, InvalidInput, SessionNotFound
 from store.records import (
     STAGES,
+    UNLEARNED_SOURCES,
     PromptRecord,
     SessionRecord,
+    SessionSource,
     SessionStatus,
     Snippet,
     ToolCallRecord,
@@ -23,8 +25,8 @@ from store.records import (
     TurnKind,
 )
 from store.session_log.codec import (
-    _FINISH_REASONS,
-    _SOURCES,
+    FINISH_REASONS,
+    TOKEN_SOURCES,
     choice_in,
     iso,
     json_in,
@@ -42,6 +44,7 @@ from store.session_log.codec import (
 from store.session_log.connection import SessionLogBase
 
 _STATUSES: tuple[str, ...] = get_args(SessionStatus)
+_SESSION_SOURCES: tuple[str, ...] = get_args(SessionSource)
 _KINDS: tuple[str, ...] = get_args(TurnKind)
 
 _STALE_ERROR = "marked failed by crash recovery: still 'running' with no write for longer than {older_than}"
@@ -61,6 +64,7 @@ class SessionSummary:
     n_tool_calls: int
     malformed: bool
     error: str | None
+    source: SessionSource = "api"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +96,9 @@ def _turn_row(turn: object) -> _TurnRow:
         logprobs=logprobs,
         policy_version=label_in(turn.policy_version, "turn.policy_version"),
         prompt_sha=label_in(turn.prompt_sha, "turn.prompt_sha", allow_empty=True),
-        token_source=choice_in(turn.token_source, _SOURCES, "turn.token_source"),
+        token_source=choice_in(turn.token_source, TOKEN_SOURCES, "turn.token_source"),
         finish_reason=None if turn.finish_reason is None else choice_in(
-            turn.finish_reason, _FINISH_REASONS, "turn.finish_reason"),
+            turn.finish_reason, FINISH_REASONS, "turn.finish_reason"),
     )
 
 
@@ -152,6 +156,7 @@ class SessionsMixin(SessionLogBase):
         options: Mapping[str, object],
         policy_version: str,
         session_id: str | None = None,
+        source: SessionSource = "api",
     ) -> str:
         """Start a session with status "running".
 
@@ -162,6 +167,8 @@ class SessionsMixin(SessionLogBase):
                 secrets. Read back as plain JSON (tuples become lists).
             policy_version: The adapter serving this run, e.g. "policy@17".
             session_id: The id to use; a uuid4 hex is generated when None.
+            source: Where the session comes from (`store.records.SessionSource`). Sources in `UNLEARNED_SOURCES`
+                (benchmark runs, gate probes) start with the training opt-out set.
 
         Returns:
             The session id.
@@ -177,6 +184,7 @@ class SessionsMixin(SessionLogBase):
             sid, text_in(question, "question"), label_in(policy_version, "policy_version"),
             mapping_in(options, "options"), text_in(prompt.text, "prompt.text"),
             pack_ids(prompt.token_ids, "prompt"), label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True),
+            choice_in(source, _SESSION_SOURCES, "source"), int(source in UNLEARNED_SOURCES),
         )
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
@@ -184,8 +192,8 @@ class SessionsMixin(SessionLogBase):
                 raise DuplicateSession(sid)
             conn.execute(
                 "INSERT INTO sessions (session_id, question, policy_version, options_json, prompt_text, "
-                "prompt_token_ids, prompt_sha, status, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+                "prompt_token_ids, prompt_sha, source, training_opt_out, status, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
                 (*values, now, now),
             )
         return sid
@@ -365,7 +373,7 @@ class SessionsMixin(SessionLogBase):
             s = conn.execute(
                 "SELECT question, status, created_at, finished_at, policy_version, options_json, prompt_text, "
                 "prompt_token_ids, prompt_sha, malformed, max_consecutive_tool_errors, injected_bank_items_json, "
-                "report, error, metrics_json FROM sessions WHERE session_id = ?",
+                "report, error, metrics_json, source, training_opt_out FROM sessions WHERE session_id = ?",
                 (session_id,),
             ).fetchone()
             if s is None:
@@ -413,31 +421,41 @@ class SessionsMixin(SessionLogBase):
         return SessionRecord(
             session_id=session_id, question=trajectory.question, status=s[1], created_at=s[2], finished_at=s[3],
             policy_version=s[4], options=json.loads(s[5]), trajectory=trajectory, report=opt_text_out(s[12]),
-            error=opt_text_out(s[13]), metrics=json.loads(s[14]),
+            error=opt_text_out(s[13]), metrics=json.loads(s[14]), source=s[15], training_opt_out=bool(s[16]),
         )
 
-    def list_sessions(self, limit: int = 50, status: str | None = None) -> list[SessionSummary]:
-        """Newest sessions first (by creation), optionally only those with `status`.
+    def list_sessions(self, limit: int = 50, status: str | None = None,
+                      sources: Collection[str] | None = None) -> list[SessionSummary]:
+        """Newest sessions first (by creation), optionally only those with `status` and from one of `sources`.
 
         Raises:
-            InvalidInput: `limit` < 1 or an unknown status.
+            InvalidInput: `limit` < 1, an unknown status or source, or an empty `sources`.
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidInput(f"limit must be an int >= 1, got {limit!r}")
-        where, params = "", []
+        clauses: list[str] = []
+        params: list[object] = []
         if status is not None:
-            where, params = "WHERE s.status = ?", [choice_in(status, _STATUSES, "status")]
+            clauses.append("s.status = ?")
+            params.append(choice_in(status, _STATUSES, "status"))
+        if sources is not None:
+            if isinstance(sources, str) or not sources:
+                raise InvalidInput(f"sources must be a non-empty collection of sources, got {sources!r:.80}")
+            picked = sorted({choice_in(x, _SESSION_SOURCES, "source") for x in sources})
+            clauses.append(f"s.source IN ({', '.join('?' * len(picked))})")
+            params.extend(picked)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         with self._transaction("DEFERRED") as conn:
             rows = conn.execute(
                 "SELECT s.session_id, s.question, s.status, s.created_at, s.finished_at, s.policy_version, "
                 "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.session_id), "
-                "(SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = s.session_id), s.malformed, s.error "
+                "(SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = s.session_id), s.malformed, s.error, s.source "
                 f"FROM sessions s {where} ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?",
                 (*params, limit),
             ).fetchall()
         return [
             SessionSummary(session_id=r[0], question=text_out(r[1]), status=r[2], created_at=r[3], finished_at=r[4],
                            policy_version=r[5], n_turns=int(r[6]), n_tool_calls=int(r[7]), malformed=bool(r[8]),
-                           error=opt_text_out(r[9]))
+                           error=opt_text_out(r[9]), source=r[10])
             for r in rows
         ]

@@ -65,7 +65,9 @@ def run_env(env: dict[str, str], smollm2_dir: Path) -> dict[str, str]:
 
 def _sessions(tmp_path: Path) -> list[str]:
     log = SessionLog(StoreConfig(data_dir=tmp_path / "data").sqlite_path)
-    return sorted(s.session_id for s in log.list_sessions(limit=1000))
+    rows = log.list_sessions(limit=1000)
+    assert {s.source for s in rows} <= {"batch"}  # batch reports are logged as such (learnable, unlike eval runs)
+    return sorted(s.session_id for s in rows)
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:

@@ -50,9 +50,10 @@ def test_ask_with_the_embedded_default_writes_report_json_and_session(env: dict[
     assert [s["stage"] for s in payload["stages"]] == ["plan", "research", "review", "answer"]
     assert payload["policy_version"] == "base"
     shown = rubricem(["sessions", "show", payload["session_id"]], env)
-    assert shown.returncode == 0 and "status    completed" in shown.stdout
-    listed = rubricem(["sessions", "list"], env)
-    assert payload["session_id"] in listed.stdout
+    assert shown.returncode == 0 and "status    completed" in shown.stdout and "source    cli\n" in shown.stdout
+    listed = rubricem(["sessions", "list", "--source", "cli"], env)
+    assert payload["session_id"] in listed.stdout and "  cli  " in listed.stdout
+    assert rubricem(["sessions", "list", "--source", "eval"], env).stdout.strip() == "no sessions"
 
 
 @pytest.mark.parametrize("question", ["", "q" * 20_000])

@@ -258,7 +258,7 @@ class Evaluator:
             for si in range(samples):
                 seed = eval_seed(cfg.seed, qi, si)
                 try:
-                    out = await self.service.run(question, run_options(cfg, seed, "none"))
+                    out = await self.service.run(question, run_options(cfg, seed, "none"), source="eval")
                 except Exception as exc:  # noqa: BLE001 - a failed rollout scores 0, as in training's counts
                     results.append(SampleResult(qi, si, seed, dict.fromkeys(METRICS, 0.0), [], True, 0, "",
                                                 failed=f"{type(exc).__name__}: {exc}"))

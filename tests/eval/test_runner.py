@@ -19,6 +19,8 @@ from app.service import ResearchService
 from learning.eval.datasets import DatasetError
 from learning.eval.runner import EvalOutputConflict, EvalSummary, JudgeRequiredError, run_eval
 from learning.judge.client import JudgeClient
+from store.records import HISTORY_SOURCES
+from store.registry import Registry
 from store.session_log import SessionLog
 from tests.eval.support import SCRIPTED_OPTIONS, user_prompt
 from tests.judge.openai_standin import OpenAIStandIn, Reply
@@ -188,3 +190,31 @@ def test_an_output_folder_never_mixes_evaluations(
         evaluate("shortform", data, service, tmp_path / "out", inject_bank=True)
     on = evaluate("shortform", data, service, tmp_path / "on", inject_bank=True)
     assert on.injection == "on" and lines(tmp_path / "on" / "items.jsonl")[0]["injection"] == "on"
+
+
+def test_eval_sessions_never_reach_training_reflection_or_the_chat_history(
+    scripted_service: Callable[..., ResearchService], tmp_path: Path
+) -> None:
+    """A benchmark run logs its sessions as `eval`: the next retraining window, the judge's and the reflection
+    writer's queues and the chat sidebar's history all leave them out, while a user's session beside them is kept."""
+    data = tmp_path / "qa.csv"
+    data.write_text("question,answer\nWho won?,x\nWho lost?,y\n", encoding="utf-8")
+    service = scripted_service({"Who": "x"})
+    registry = Registry(service.log)
+    summary = evaluate("shortform", data, service, tmp_path / "out")
+    assert summary.n_scored == 2
+    users = asyncio.run(service.run("Who won the cup?", SCRIPTED_OPTIONS, source="chat")).session_id
+
+    eval_ids = [r["session_id"] for r in lines(tmp_path / "out" / "items.jsonl")]
+    for sid in eval_ids:
+        rec = service.log.get(sid)
+        assert rec.status == "completed" and rec.source == "eval" and rec.training_opt_out
+    log = service.log
+    assert registry.sessions_in_window(None, log.now()) == [users]
+    assert log.completed_unjudged() == [users]
+    assert [s.session_id for s in log.list_sessions(sources=HISTORY_SOURCES)] == [users]
+    assert {s.session_id for s in log.list_sessions(sources=["eval"])} == set(eval_ids)
+    # Even a judgement recorded for an eval session (by hand here) does not offer it to the reflection writer.
+    for sid in (*eval_ids, users):
+        log.record_judgement(sid, "offline", {"stages": {}})
+    assert log.sessions_without_reflection() == [users]

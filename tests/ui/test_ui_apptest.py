@@ -76,7 +76,7 @@ def test_ask_follow_up_feedback_and_history(make_services: object) -> None:
 
     _ask(at, "Who was Haymo of Faversham?")
     (first,) = svc.log.list_sessions()
-    assert first.status == "completed"
+    assert first.status == "completed" and first.source == "chat"
     labels = [s.label for s in at.status]
     assert [label.split(" — ")[0] for label in labels] == ["Plan", "Research", "Review", "Answer"], labels
     assert all(s.state == "complete" for s in at.status)
