@@ -26,7 +26,9 @@ from learning.sft.questions import Hop, SFTQuestion, clip, keywords, main_title
 from learning.sft.trajectory import EVIDENCE_NOT_FOUND, Segment, Trajectory
 from store.records import Snippet
 
-TEACHER_NAME = "evidence-chain/2"  # /2: the answer comes first, quotes of at most CITE_CHARS
+# /2: the answer comes first, quotes of at most CITE_CHARS. /3: the state evaluation names the entity the next search
+# is about (the bridge a hop found), so the student's next query copies a name it just wrote.
+TEACHER_NAME = "evidence-chain/3"
 TOOL = "local_search"
 
 
@@ -172,6 +174,13 @@ _NEXT = (
     "Next step of the plan: {need}.",
     "The plan still holds; now {need}.",
 )
+# The same, naming the entity the next search is about: the held-out sessions of the /2 student lost the entity
+# between steps (a second query about "Professor Brown" after a first one that found the wrong president).
+_NEXT_NAMED = (
+    "Checklist item {k} remains open. Step {j} points to {bridge}, so next I search for {bridge}.",
+    "Next step of the plan: {bridge} (found in step {j}), and {need}.",
+    "The plan still holds; step {j} led to {bridge}, so now {bridge}: {need}.",
+)
 _DONE = (
     "Every checklist item is covered by a retrieved snippet; the evidence is sufficient.",
     "All rubric items are satisfied by the snippets found, so I can review and answer.",
@@ -246,10 +255,22 @@ class _Writer:
         head = f"<think>{think}</think>\n"
         if nxt is not None:
             if nxt.hop != s.hop:
-                evaluation += " " + self.pick(_NEXT, k=nxt.hop + 1, need=self.q.hops[nxt.hop].need)
+                bridge = self.bridge(s.gold, s.hop, nxt) if s.gold is not None else ""
+                need = self.q.hops[nxt.hop].need
+                evaluation += " " + (self.pick(_NEXT_NAMED, k=nxt.hop + 1, j=k, bridge=bridge, need=need) if bridge
+                                     else self.pick(_NEXT, k=nxt.hop + 1, need=need))
             return f"{head}<state_evaluation>{evaluation}</state_evaluation>{self.call(nxt.query)}"
         evaluation += " " + self.pick(_DONE)
         return (f"{head}<state_evaluation>{evaluation}</state_evaluation>\n{self.review()}\n{self.answer()}")
+
+    def bridge(self, found: Snippet, hop: int, nxt: _Search) -> str:
+        """The entity the next search is about: the hop's own answer (MuSiQue), else the next gold passage's title
+        (HotpotQA). "" (then the plain wording) unless the passage just found mentions it and the next query names
+        it: the student must learn to carry forward what it read, never a name from nowhere."""
+        own = self.q.hops[hop].answer
+        name = own if own else main_title(self.q.hops[nxt.hop].title)
+        ok = name and _norm(name) in _norm(found.text) and _norm(name) in _norm(nxt.query)
+        return name if ok else ""
 
     def review(self) -> str:
         items = [f"item {k} ← {g.id} ({g.title})" for k, g in enumerate(self.gold, 1)]

@@ -117,7 +117,12 @@ def test_evidence_teacher_cites_only_retrieved_gold_snippets(demo_search: object
         assert fmt != "exact_answer" or body.startswith("\\boxed{Latin}")
         quotes = re.findall(r"<cite id=[^>]*>(.*?)</cite>", body, re.DOTALL)
         assert quotes and all(len(q) <= CITE_CHARS for q in quotes)
-        assert traj.teacher == TEACHER_NAME == "evidence-chain/2"
+        assert traj.teacher == TEACHER_NAME == "evidence-chain/3"
+        # The state evaluation before the second hop's search names the entity that search is about.
+        second = next(c["query"] for c in traj.tool_calls if "Recovery of Aristotle" in c["query"])
+        before = next(seg.text for seg in traj.segments if seg.kind == "model" and second in seg.text)
+        evaluation = before[before.index("<state_evaluation>"):before.index("</state_evaluation>")]
+        assert "Recovery of Aristotle" in evaluation
         texts.add(traj.segments[0].text)
     assert len(texts) > 1  # the wording varies with the seed
 
@@ -220,7 +225,7 @@ def test_generate_refuses_to_resume_a_folder_another_teacher_wrote(tmp_path: Pat
     older = path.read_text().replace(f'"teacher": "{TEACHER_NAME}"', '"teacher": "evidence-chain/1"')
     assert older != path.read_text()
     path.write_text(older)  # as an earlier version of the teacher left it
-    with pytest.raises(ValueError, match="evidence-chain/1, not evidence-chain/2"):
+    with pytest.raises(ValueError, match="evidence-chain/1, not evidence-chain/3"):
         asyncio.run(generate([demo_question], tmp_path, teacher, tools, variants=2))  # type: ignore[arg-type]
     assert path.read_text() == older  # nothing appended
 
