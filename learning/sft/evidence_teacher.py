@@ -16,6 +16,7 @@ written to fit the research graph's turn boundaries and the default per-stage to
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +29,9 @@ from store.records import Snippet
 
 # /2: the answer comes first, quotes of at most CITE_CHARS. /3: the state evaluation names the entity the next search
 # is about (the bridge a hop found), so the student's next query copies a name it just wrote.
-TEACHER_NAME = "evidence-chain/3"
+# /4: the answer is grounded in a verbatim window of the retrieved passage that holds it, quoted in the last think,
+# the review and the answer's citation: the /3 student boxed a plausible entity from the wrong passage.
+TEACHER_NAME = "evidence-chain/4"
 TOOL = "local_search"
 
 
@@ -64,6 +67,35 @@ def _reformulate(hop: Hop, question: str, first: str) -> str:
     if _norm(retry) == _norm(first):
         retry = " ".join([name, *keywords(hop.need, 4, drop=name)])
     return retry
+
+
+def answer_window(text: str, answer: str, limit: int) -> str:
+    """A verbatim piece of `text` of at most `limit` characters that contains `answer` (case-insensitive): the
+    sentence holding it, or a word-bounded window around it inside that sentence; "" when the text does not contain
+    the answer (yes/no answers, for example) or the answer alone is longer than `limit`."""
+    flat = " ".join(text.split())
+    needle = " ".join(answer.split()).lower()
+    if not needle or len(needle) > limit:
+        return ""
+    found = re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", flat, re.IGNORECASE)  # a word, not "re-trans|latin|g"
+    if found is None:
+        return ""
+    at = found.start()
+    start = flat.rfind(". ", 0, at)
+    start = 0 if start < 0 else start + 2
+    end = flat.find(". ", at + len(needle))
+    end = len(flat) if end < 0 else end + 1
+    if end - start > limit:  # centre a window on the answer, then cut back to whole words
+        lo = max(start, at - (limit - len(needle)) // 2)
+        hi = min(end, lo + limit)
+        lo = max(start, hi - limit)
+        if lo > start:
+            lo = flat.find(" ", lo, at) + 1 or lo
+        if hi < end:
+            cut = flat.rfind(" ", at + len(needle), hi)
+            hi = cut if cut > 0 else hi
+        start, end = lo, hi
+    return flat[start:end].strip()
 
 
 def _pick(rng: random.Random, options: Sequence[str]) -> str:
@@ -188,6 +220,15 @@ _DONE = (
 )
 CITE_CHARS = 120  # longest quote inside a <cite>
 _LEAD = ("The answer is", "In short, the answer is", "The evidence points to", "Answer:")
+_FOUND_ANSWER = (
+    "Snippet {sid} ({title}) answers step {k}: \"{quote}\" So the answer is {answer}.",
+    "{sid} from {title} says \"{quote}\", which gives the answer: {answer}.",
+    "Step {k} is covered by {sid} ({title}): \"{quote}\" The answer is therefore {answer}.",
+)
+_REVIEW_ANSWER = (
+    "item {n} ← {sid}: \"{quote}\" gives the final answer, {answer}",
+    "item {n} (final answer) ← {sid}, which reads \"{quote}\": {answer}",
+)
 
 
 class _Writer:
@@ -197,6 +238,14 @@ class _Writer:
                  tool: str) -> None:
         self.q, self.fmt, self.budget, self.searches, self.rng, self.tool = q, fmt, budget, searches, rng, tool
         self.gold = [s.gold for s in searches if s.gold is not None]  # one per hop, in hop order
+        # The gold snippet whose text contains the answer (the last hop's first) and the verbatim window quoted.
+        self.answer_at: Snippet | None = None
+        self.answer_quote = ""
+        for g in reversed(self.gold):
+            quote = answer_window(g.text, q.answer, CITE_CHARS)
+            if quote:
+                self.answer_at, self.answer_quote = g, quote
+                break
 
     def pick(self, options: Sequence[str], **kw: object) -> str:
         return _pick(self.rng, options).format(**kw)
@@ -248,8 +297,12 @@ class _Writer:
             think = self.pick(_AFTER_MISS, k=k)
             evaluation = self.pick(("Checklist item {k} is not covered yet.", "Item {k} still open."), k=k)
         else:
-            fact = clip(self.q.hops[s.hop].statement, 160)
-            think = self.pick(_AFTER_HIT, sid=s.gold.id, title=s.gold.title, k=k, fact=fact)
+            if nxt is None and s.gold is self.answer_at:  # the last result holds the answer: quote it, name it
+                think = self.pick(_FOUND_ANSWER, sid=s.gold.id, title=s.gold.title, k=k, quote=self.answer_quote,
+                                  answer=self.q.answer)
+            else:
+                fact = clip(self.q.hops[s.hop].statement, 160)
+                think = self.pick(_AFTER_HIT, sid=s.gold.id, title=s.gold.title, k=k, fact=fact)
             covered = ", ".join(str(i) for i in range(1, k + 1))
             evaluation = f"Checklist items {covered} covered." if k > 1 else "Checklist item 1 covered."
         head = f"<think>{think}</think>\n"
@@ -274,7 +327,12 @@ class _Writer:
 
     def review(self) -> str:
         items = [f"item {k} ← {g.id} ({g.title})" for k, g in enumerate(self.gold, 1)]
-        items.append(f"item {len(self.gold) + 1} (final answer: {self.q.answer}) ← {self.gold[-1].id}")
+        n = len(self.gold) + 1
+        if self.answer_at is not None:
+            items.append(self.pick(_REVIEW_ANSWER, n=n, sid=self.answer_at.id, quote=self.answer_quote,
+                                   answer=self.q.answer))
+        else:
+            items.append(f"item {n} (final answer: {self.q.answer}) ← {self.gold[-1].id}")
         verification = "Knowledge verification: " + "; ".join(items) + "."
         directives = self.pick((
             "Directives: state only what these snippets support and cite each claim.",
@@ -292,8 +350,9 @@ class _Writer:
     def answer(self) -> str:
         # The answer comes first and each quote is short: a small student that copies long quotes drifts into
         # loops before it reaches the answer (the stage-2 adapter did, on held-out questions).
-        cites = [f'<cite id="{g.id}">{clip(h.statement, CITE_CHARS)}</cite>' for g, h in zip(self.gold, self.q.hops,
-                                                                                               strict=True)]
+        # The passage that holds the answer is quoted where it says it (the window around the answer).
+        cites = [f'<cite id="{g.id}">{self.answer_quote if g is self.answer_at else clip(h.statement, CITE_CHARS)}'
+                 f'</cite>' for g, h in zip(self.gold, self.q.hops, strict=True)]
         answer = self.q.answer
         if self.fmt == "exact_answer":
             body = f"\\boxed{{{answer}}} " + " ".join(cites)

@@ -13,7 +13,13 @@ import pytest
 
 from agent.parse import find_citations
 from learning.sft import trajectory as tr
-from learning.sft.evidence_teacher import CITE_CHARS, TEACHER_NAME, EvidenceChainTeacher, EvidenceMissing
+from learning.sft.evidence_teacher import (
+    CITE_CHARS,
+    TEACHER_NAME,
+    EvidenceChainTeacher,
+    EvidenceMissing,
+    answer_window,
+)
 from learning.sft.generate import generate, kept_examples, read_lines
 from learning.sft.questions import QuestionFileError, SFTQuestion, load_questions
 from learning.sft.trajectory import Segment, Trajectory, postprocess, rejection_reason
@@ -117,7 +123,13 @@ def test_evidence_teacher_cites_only_retrieved_gold_snippets(demo_search: object
         assert fmt != "exact_answer" or body.startswith("\\boxed{Latin}")
         quotes = re.findall(r"<cite id=[^>]*>(.*?)</cite>", body, re.DOTALL)
         assert quotes and all(len(q) <= CITE_CHARS for q in quotes)
-        assert traj.teacher == TEACHER_NAME == "evidence-chain/3"
+        assert traj.teacher == TEACHER_NAME == "evidence-chain/4"
+        # The answer is grounded: a verbatim window of the retrieved passage holding it is quoted in the review and
+        # in the answer's citation, so the student learns to copy the answer from what it read.
+        retrieved_text = " ".join(" ".join(seg.text.split()) for seg in traj.segments if seg.kind == "tool")
+        assert any("Latin" in q and q in retrieved_text for q in quotes)
+        review = answer[answer.index("<review>"):answer.index("</review>")]
+        assert re.search(r'"[^"]*Latin[^"]*"[^.]*Latin', review)
         # The state evaluation before the second hop's search names the entity that search is about.
         second = next(c["query"] for c in traj.tool_calls if "Recovery of Aristotle" in c["query"])
         before = next(seg.text for seg in traj.segments if seg.kind == "model" and second in seg.text)
@@ -125,6 +137,22 @@ def test_evidence_teacher_cites_only_retrieved_gold_snippets(demo_search: object
         assert "Recovery of Aristotle" in evaluation
         texts.add(traj.segments[0].text)
     assert len(texts) > 1  # the wording varies with the seed
+
+
+@pytest.mark.parametrize(("answer", "limit", "expected"), [
+    ("Latin", 120, "During his era many books were translated into Latin from Greek and Arabic."),
+    ("english franciscan", 120, "Haymo of Faversham (died 1244) was an English Franciscan."),
+    ("Latin", 40, "translated into Latin from Greek and"),  # centred on the answer, whole words
+    ("lat", 120, ""),  # inside a word ("trans-lat-ed") is not the answer
+    ("yes", 120, ""),  # not in the text: no quote, the review states the answer without one
+    ("Haymo of Faversham", 10, ""),  # the answer alone is longer than the quote may be
+])
+def test_answer_window_is_a_verbatim_piece_holding_the_answer(answer: str, limit: int, expected: str) -> None:
+    text = ("Haymo of Faversham (died 1244) was an English Franciscan.  He is known for his work on the liturgy. "
+            "During his era many books were translated into Latin from Greek and Arabic.")
+    quote = answer_window(text, answer, limit)
+    assert quote == expected
+    assert len(quote) <= limit and quote in " ".join(text.split())
 
 
 def test_evidence_teacher_rejects_a_question_whose_evidence_is_not_indexed(demo_search: object) -> None:
@@ -225,7 +253,7 @@ def test_generate_refuses_to_resume_a_folder_another_teacher_wrote(tmp_path: Pat
     older = path.read_text().replace(f'"teacher": "{TEACHER_NAME}"', '"teacher": "evidence-chain/1"')
     assert older != path.read_text()
     path.write_text(older)  # as an earlier version of the teacher left it
-    with pytest.raises(ValueError, match="evidence-chain/1, not evidence-chain/3"):
+    with pytest.raises(ValueError, match="evidence-chain/1, not evidence-chain/4"):
         asyncio.run(generate([demo_question], tmp_path, teacher, tools, variants=2))  # type: ignore[arg-type]
     assert path.read_text() == older  # nothing appended
 
