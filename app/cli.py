@@ -16,7 +16,7 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from agent.errors import AgentError, IngestError, InputError
-from app import cli_bank, cli_batch, cli_loop, cli_sft, cli_train, cli_ui
+from app import cli_bank, cli_batch, cli_deeprubric, cli_loop, cli_sft, cli_train, cli_ui
 from app.cli_common import Progress
 from app.cli_common import run_options as _run_options
 from app.container import ConfigurationError
@@ -310,6 +310,7 @@ def parser() -> argparse.ArgumentParser:
     cli_bank.add_parsers(sub)
     cli_train.add_parsers(sub)
     cli_sft.add_parsers(sub)
+    cli_deeprubric.add_parsers(sub)
     cli_loop.add_parsers(sub)
     cli_batch.add_parsers(sub)
     cli_ui.add_parsers(sub)

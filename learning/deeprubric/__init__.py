@@ -1,0 +1,8 @@
+"""DeepRubric (METHOD §11): evidence trees, joint query–rubric synthesis, the KEEP/REVISE/DROP audit, statistics.
+
+Modules, by concern: `text` and `facets` (pure helpers and the sibling rules), `records` (frozen records and their
+JSON), `tree` (growing a tree behind the Retriever/Proposer/Extractor/Gate interfaces), `offline` (the deterministic
+proposer and extractor), `corpus` (seed pages and `local_search` as the retriever), `select` and `synthesis` (leaf
+selection, bottom-up merge, rubrics), `audit` (rules, repair, invariants), `stats`, and `build` (the resumable
+build folder). Only `build` and `corpus` do I/O.
+"""
