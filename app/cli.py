@@ -278,8 +278,8 @@ def parser() -> argparse.ArgumentParser:
     jud.set_defaults(func=cmd_judge)
     evl = sub.add_parser("eval", help="run the agent on a benchmark and score it with that benchmark's method")
     evl.add_argument("bench", help="hotpotqa, musique, 2wikimultihopqa, bamboogle, simpleqa, frames, shortform, "
-                     "healthbench, deep_research_bench, scholarqa_cs")
-    evl.add_argument("--data", required=True, help="the benchmark's data folder")
+                     "healthbench, deep_research_bench, scholarqa_cs, rubric-pairs (DeepRubric pairs)")
+    evl.add_argument("--data", required=True, help="the benchmark's data folder (rubric-pairs: a pairs.jsonl)")
     evl.add_argument("--limit", type=int, help="at most this many items")
     evl.add_argument("--out", help="output folder (default eval-runs/BENCH); a rerun resumes")
     evl.add_argument("--inject-bank", action="store_true", help="retrieve rubric-bank reflections (off, as in the paper)")

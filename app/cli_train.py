@@ -38,12 +38,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         init = resolve_adapter(args.init_adapter, Settings())
     cfg = load_config(Path(args.config) if args.config else None, args.preset, steps=args.steps, init_adapter=init,
-                      out_dir=Path(args.out) if args.out else None)
+                      out_dir=Path(args.out) if args.out else None,
+                      questions=Path(args.questions) if args.questions else None, reward=args.reward)
     settings = Settings()
     say = Progress().say
     parts, run_dir = build_trainer(settings, cfg, say)
     say(f"training {cfg.name}: {cfg.steps} steps × {cfg.batch_questions} question(s) × {cfg.rollouts} rollouts, "
-        f"credit {cfg.credit}, judge {parts.judge.kind}; run folder {run_dir}")
+        + (f"credit {cfg.credit}" if cfg.reward == "stagewise" else "reward deeprubric (plain GRPO)")
+        + f", judge {parts.judge.kind}; run folder {run_dir}")
     bar = tqdm(total=cfg.steps, desc="SS-GRPO", unit="step", file=sys.stderr, dynamic_ncols=True)
 
     def on_row(row: dict[str, Any]) -> None:
@@ -77,6 +79,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     tr.add_argument("--preset", help="a built-in configuration: cpu-smoke")
     tr.add_argument("--steps", type=int, help="override the number of steps")
     tr.add_argument("--out", help="run folder (default DATA_DIR/runs/NAME); an existing run resumes")
+    tr.add_argument("--questions", help="question pool: .txt, .jsonl with 'question', or a DeepRubric pairs.jsonl "
+                    "(its rubrics become each question's persistent Answer-stage rubrics)")
+    tr.add_argument("--reward", choices=["stagewise", "deeprubric"],
+                    help="stagewise (default): the stagewise judge's stage scores; deeprubric: DeepRubric's reward "
+                    "(METHOD §11.6) against each pair's rubrics, plain GRPO (needs --questions pairs.jsonl)")
     tr.add_argument("--init-adapter", help="start RL from this adapter folder or registry version (e.g. the SFT "
                     "adapter agent/adapters/smollm2-sft, or policy@N)")
     tr.set_defaults(func=cmd_train)

@@ -21,15 +21,51 @@ def run_dir(settings: Settings, cfg: TrainConfig) -> Path:
     return cfg.out_dir or settings.store.data_dir / "runs" / cfg.name
 
 
+def load_pairs_pool(cfg: TrainConfig) -> list[Any] | None:
+    """The query-rubric pairs when `cfg.questions` is a DeepRubric pairs.jsonl, else None.
+
+    Raises:
+        PairsFileError: a malformed pairs file (the message names the line); also when reward = "deeprubric" and the
+            question file is not a pairs file.
+    """
+    from learning.deeprubric.pairs import PairsFileError, is_pairs_file, load_pairs
+
+    if cfg.questions is None:
+        return None
+    if is_pairs_file(cfg.questions):
+        return load_pairs(cfg.questions, minimum=2)
+    if cfg.reward == "deeprubric":
+        raise PairsFileError(f"{cfg.questions}: reward = 'deeprubric' needs a pairs.jsonl (records with 'question' "
+                             "and 'rubrics'), as `rubricem deeprubric build` writes")
+    return None
+
+
 def question_pool(cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """(training questions, held-out questions): the last `heldout_questions` of the pool are held out."""
     from learning.questions import bundled_questions, load_questions
 
-    pool = load_questions(cfg.questions) if cfg.questions else bundled_questions(cfg.n_questions, cfg.seed)
+    pairs = load_pairs_pool(cfg)
+    if pairs is not None:
+        pool = [p.question for p in pairs]
+    else:
+        pool = load_questions(cfg.questions) if cfg.questions else bundled_questions(cfg.n_questions, cfg.seed)
     if cfg.heldout_questions >= len(pool) - 1:
         raise ValueError(f"heldout_questions={cfg.heldout_questions} leaves fewer than 2 training questions")
     cut = len(pool) - cfg.heldout_questions
     return pool[:cut], pool[cut:]
+
+
+def rubric_reward(settings: Settings, pairs: list[Any], judge: Any, say: Say = lambda _m: None) -> Any:
+    """The DeepRubric reward over the pairs: criteria scored through the LLM judge's client (same endpoint, cache and
+    cost accounting) when the run's judge is the LLM judge, else by the offline MiniLM approximation (said once)."""
+    from learning.deeprubric.scorer import LLMCriterionScorer, OfflineCriterionScorer, RubricReward
+
+    if judge.kind == "llm":
+        scorer: Any = LLMCriterionScorer(judge.client)
+    else:
+        say("DeepRubric reward without a judge endpoint: criteria are scored by MiniLM similarity (approximate).")
+        scorer = OfflineCriterionScorer(settings.store.embedding_model)
+    return RubricReward({p.question: p for p in pairs}, scorer)
 
 
 def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: None) -> tuple[TrainerParts, Path]:
@@ -37,6 +73,8 @@ def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: No
     from learning.local_policy import ensure_converted
     from learning.reflection.writer import write_reflection
 
+    train_q, _held = question_pool(cfg)  # a bad question or pairs file fails here, before any model is loaded
+    pairs = load_pairs_pool(cfg)
     folder = run_dir(settings, cfg)
     folder.mkdir(parents=True, exist_ok=True)
     if cfg.judge == "offline":
@@ -71,7 +109,12 @@ def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: No
         return outcome.batch_id if outcome.candidates else None
 
     model_dir = cfg.model_dir or settings.agent.embedded_model_path or ensure_converted(settings.store.model_cache)
-    train_q, _held = question_pool(cfg)
     parts = TrainerParts(policy=policy, run_session=run_session, log=log, judge=judge, model_dir=Path(model_dir),
                          questions=train_q, reflect=reflect if cfg.reflection else None, bank=bank)
+    if pairs is not None:
+        from learning.deeprubric.pairs import persistent_by_question
+
+        parts.persistent = persistent_by_question(pairs)
+        if cfg.reward == "deeprubric":
+            parts.rubric_reward = rubric_reward(settings, pairs, judge, say)
     return parts, folder

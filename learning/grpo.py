@@ -9,6 +9,13 @@ masked mean (METHOD D5). Vanilla GRPO is the special case of one terminal score 
 (`credit = "answer-only"`): SS-GRPO differs by crediting each stage with its own score plus discounted credit from
 the later stages it enables.
 
+DeepRubric's GRPO (`reward = "deeprubric"`, METHOD §11.6) is the runnable baseline beside it: each question comes from
+a query–rubric pair, each rollout gets one scalar reward against that pair's criteria (learning/deeprubric/reward.py),
+group-normalised and given to every sampled token, exactly as the answer-only credit does. The stagewise judge still
+judges each group (with the pair's criteria as persistent Answer-stage rubrics): its judgement is logged, and the
+reflection writer reads it, but it plays no part in the advantages. A rollout whose rubric term cannot be scored is
+dropped from its group, like a rollout without an Answer score.
+
 Reflection meta-policy. After a group is judged, one rollout (uniformly at random) is reflected on by the same
 policy (m candidates, scored by the reflection judge); the best valid one enters the rubric bank and all candidates
 are trained on their own tokens one step later (Phase A of the next step: one-step staleness), with group-normalised
@@ -36,7 +43,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,7 +56,7 @@ from learning.advantages import credit_lambda, credit_scores, group_advantages, 
 from learning.checkpoint import CheckpointError, latest_checkpoint, prune_checkpoints, save_checkpoint
 from learning.curriculum import StepBatch, step_batch
 from learning.errors import LearningError
-from learning.judge.types import Judgement, TrajectoryJudge
+from learning.judge.types import Judgement, Rubric, TrajectoryJudge
 from learning.memory import release_freed_memory
 from learning.model import LoraSettings, load_trainable, save_adapter, trainable_parameters
 from learning.sequences import TrainSequence, has_bad_logprobs, trajectory_stages_and_mask
@@ -61,6 +68,10 @@ from store.session_log import SessionLog
 
 RunSession = Callable[[str, RunOptions], Awaitable[tuple[str, Trajectory]]]
 """Runs one research session (writing it to the run's session log) and returns (session id, trajectory)."""
+
+GroupReward = Callable[[str, Sequence[Trajectory]], Awaitable[Sequence[Any]]]
+"""The scalar reward of each trajectory of a question's group: objects with `.reward` (float, or None when
+unscorable) and `.as_metrics(prefix)` (learning.deeprubric.scorer.RubricReward)."""
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -89,6 +100,8 @@ class TrainerParts:
     questions: list[str]
     reflect: Reflector | None = None
     bank: RubricBank | None = None  # the run's own bank collection
+    persistent: Mapping[str, tuple[Rubric, ...]] = field(default_factory=dict)  # question -> persistent rubrics
+    rubric_reward: GroupReward | None = None  # required by reward = "deeprubric"
 
 
 @dataclass
@@ -98,7 +111,8 @@ class Group:
     question: str
     session_ids: list[str]
     trajectories: list[Trajectory]
-    scores: torch.Tensor  # (n, K)
+    scores: torch.Tensor  # (n, K); reward = "deeprubric": the scalar reward in every column
+    terms: list[dict[str, float]] = field(default_factory=list)  # deeprubric: each kept rollout's reward terms
 
 
 @dataclass
@@ -218,13 +232,15 @@ async def collect_group(parts: TrainerParts, cfg: TrainConfig, sb: StepBatch, qi
         counts["groups_skipped_rollouts"] += 1
         return None
     try:
-        judgements = await parts.judge.judge_group(question, trajs)
+        judgements = await parts.judge.judge_group(question, trajs, persistent=parts.persistent.get(question, ()))
     except Exception:  # noqa: BLE001 - an unavailable judge skips the group, it never stops the run
         counts["groups_skipped_judge"] += 1
         return None
     for sid, j in zip(sids, judgements, strict=True):
         parts.log.record_judgement(sid, j.judge_model, j.model_dump(mode="json"), judge_kind=j.judge_kind,
                                    rubric_version=j.rubric_version)
+    if cfg.reward == "deeprubric":
+        return await _rubric_reward_group(parts, question, sids, trajs, counts)
     scores, kept, dropped = score_matrix(judgements)
     counts["rollouts_unscored"] += dropped["no_answer_score"]
     counts["stage_fallbacks"] += dropped["stage_fallbacks"]
@@ -234,6 +250,26 @@ async def collect_group(parts: TrainerParts, cfg: TrainConfig, sb: StepBatch, qi
     return Group(question, [sids[k] for k in kept], [trajs[k] for k in kept], scores)
 
 
+async def _rubric_reward_group(parts: TrainerParts, question: str, sids: list[str], trajs: list[Trajectory],
+                               counts: dict[str, int]) -> Group | None:
+    """A group scored by the DeepRubric reward: the scalar in every stage column (plain GRPO with answer-only)."""
+    if parts.rubric_reward is None:
+        raise TrainingError("reward = 'deeprubric' needs TrainerParts.rubric_reward (a RubricReward over the pairs)")
+    try:
+        breakdowns = list(await parts.rubric_reward(question, trajs))
+    except Exception:  # noqa: BLE001 - an unavailable scorer skips the group, it never stops the run
+        counts["groups_skipped_judge"] += 1
+        return None
+    kept = [i for i, b in enumerate(breakdowns) if b.reward is not None and math.isfinite(b.reward)]
+    counts["rollouts_unscored"] += len(trajs) - len(kept)
+    if len(kept) < 2:
+        counts["groups_skipped_scores"] += 1
+        return None
+    scores = torch.tensor([[float(breakdowns[i].reward)] * len(STAGES) for i in kept], dtype=torch.float32)
+    return Group(question, [sids[i] for i in kept], [trajs[i] for i in kept], scores,
+                 [breakdowns[i].as_metrics() for i in kept])
+
+
 def _step_metrics(step: int, groups: Sequence[Group], counts: dict[str, int], task: UpdateStats,
                   refl: UpdateStats | None, refl_info: dict[str, float], seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"step": step, "seconds": round(seconds, 2), "groups": len(groups)} | counts
@@ -241,6 +277,10 @@ def _step_metrics(step: int, groups: Sequence[Group], counts: dict[str, int], ta
         all_scores = torch.cat([g.scores for g in groups])  # (N, K)
         for k, s in enumerate(STAGES):
             out[f"reward/{s}"] = round(float(all_scores[:, k].mean()), 4)
+        terms = [t for g in groups for t in g.terms]
+        for key in dict.fromkeys(k for t in terms for k in t):
+            values = [t[key] for t in terms if key in t]
+            out[f"deeprubric/{key}"] = round(sum(values) / len(values), 4)
     out |= task.as_dict("task")
     if refl is not None:
         out |= refl.as_dict("reflection") | refl_info
@@ -266,6 +306,9 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
         raise TrainingError("the rollout policy cannot load adapters; use the embedded backend or vLLM")
     if cfg.full_finetune:
         raise TrainingError("full fine-tuning cannot be published to the rollout policy in this version; use LoRA")
+    if cfg.reward == "deeprubric" and parts.rubric_reward is None:
+        raise TrainingError("reward = 'deeprubric' needs the pairs' reward scorer (app.training.build_trainer makes it "
+                            "from a pairs.jsonl question file)")
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / "metrics.jsonl"
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
@@ -274,7 +317,8 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
                                       gradient_checkpointing=cfg.gradient_checkpointing, seed=cfg.seed)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
-    lam = credit_lambda(cfg.credit)
+    credit = cfg.credit if cfg.reward == "stagewise" else "answer-only"  # DeepRubric: one scalar, plain GRPO
+    lam = credit_lambda(credit)
     start, deferred, resumed = 0, [], None
     ckpt = latest_checkpoint(run_dir / "checkpoints", on_skip=lambda m: _say(progress, m))
     if ckpt is not None:
@@ -304,7 +348,7 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
         groups = [g for qi in mine if (g := await collect_group(parts, cfg, sb, qi, counts)) is not None]
         seqs: list[TrainSequence] = []
         for g in groups:
-            s, _adv, bad = task_sequences(g, lam, cfg.credit)
+            s, _adv, bad = task_sequences(g, lam, credit)
             seqs += s
             counts["nan_logprob_rollouts"] += bad
         reflections = asyncio.create_task(_reflect(parts, cfg, step, groups)) if cfg.reflection else None

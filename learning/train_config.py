@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from learning.errors import LearningError
 
@@ -30,8 +30,9 @@ class TrainConfig(BaseModel):
     model_dir: Path | None = Field(default=None, description="Base model folder (default: the bundled SmolLM2).")
     init_adapter: Path | None = Field(default=None, description="Start from this LoRA adapter (e.g. the live one).")
     questions: Path | None = Field(
-        default=None, description="Question pool: .txt (one per line) or .jsonl with a 'question' field; default: "
-        "questions built from the bundled Wikipedia corpus.")
+        default=None, description="Question pool: .txt (one per line), .jsonl with a 'question' field, or a DeepRubric "
+        "pairs.jsonl (its rubrics become each question's persistent Answer-stage rubrics); default: questions built "
+        "from the bundled Wikipedia corpus.")
     n_questions: int = Field(default=24, ge=2, description="Size of the bundled question pool.")
     heldout_questions: int = Field(default=0, ge=0, description="Questions kept out of training for evaluation.")
     steps: int = Field(default=4, ge=1, description="Optimizer steps (paper: 600 ablations, 1400 final).")
@@ -40,6 +41,10 @@ class TrainConfig(BaseModel):
     credit: Literal["ss-grpo", "answer-only"] = Field(
         default="ss-grpo", description="ss-grpo: stage returns mixed by the paper's Λ; answer-only: plain GRPO on the "
         "Answer score (ablation baseline).")
+    reward: Literal["stagewise", "deeprubric"] = Field(
+        default="stagewise", description="stagewise: the stagewise judge's stage scores, credited per `credit`; "
+        "deeprubric: DeepRubric's scalar reward (METHOD §11.6) against each question's pair, given to every sampled "
+        "token as plain GRPO (needs `questions` = a pairs.jsonl).")
     lr: float = Field(default=2e-4, gt=0, description="AdamW learning rate (paper, full 8B: 5e-7).")
     lora_r: int = Field(default=16, ge=1, description="LoRA rank.")
     lora_alpha: int = Field(default=32, ge=1, description="LoRA alpha.")
@@ -68,6 +73,13 @@ class TrainConfig(BaseModel):
     seed: int = 0
     judge: Literal["auto", "offline", "llm"] = Field(
         default="auto", description="auto: the LLM judge when one is configured, else the offline judge.")
+
+    @model_validator(mode="after")
+    def _reward_needs_pairs(self) -> TrainConfig:
+        if self.reward == "deeprubric" and self.questions is None:
+            raise ValueError("reward = 'deeprubric' scores answers against query-rubric pairs: set questions to a "
+                             "pairs.jsonl (rubricem deeprubric build writes one)")
+        return self
 
 
 PRESETS: dict[str, dict[str, object]] = {

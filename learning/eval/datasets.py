@@ -15,7 +15,7 @@ from typing import Any, Literal
 from agent.config import FormatLabel
 from learning.errors import LearningError
 
-BenchKind = Literal["short_form", "healthbench", "deep_research_bench", "scholarqa_cs"]
+BenchKind = Literal["short_form", "healthbench", "deep_research_bench", "scholarqa_cs", "rubric_pairs"]
 
 # Format labels (METHOD §12.1): short-form QA sets get `exact_answer` (the answer is asked for as \boxed{...}, which
 # is what EM/F1 need); HealthBench and DRB get `short_form` (DR Tulu's evaluation convention); ScholarQA gets long_form.
@@ -509,6 +509,34 @@ def load_scholarqa_cs(data_dir: Path) -> list[EvalItem]:
     return _check_unique(items, path)
 
 
+# ------------------------------------------------------------------------------------------------ DeepRubric pairs
+
+
+def load_rubric_pairs(data: Path) -> list[EvalItem]:
+    """DeepRubric query-rubric pairs: a pairs.jsonl file, or a build folder holding one (`rubricem deeprubric build`).
+
+    Each criterion keeps its type (`group`), id (`name`), weight in [-1, 1] and evidence; the item is asked long-form.
+    """
+    from learning.deeprubric.pairs import PairsFileError, load_pairs
+
+    path = Path(data)
+    if path.is_dir():
+        path = path / "pairs.jsonl"
+    if not path.is_file():
+        raise DatasetError(path, "expected a DeepRubric pairs.jsonl (or a build folder holding one)")
+    try:
+        pairs = load_pairs(path)
+    except PairsFileError as exc:
+        raise DatasetError(path, f"expected one query-rubric pair per line: {exc}") from exc
+    items = [
+        EvalItem(id=p.id, question=p.question, format="long_form", reference=p.answer,
+                 criteria=tuple(Criterion(text=c.description, weight=c.weight, group=c.type, name=c.id,
+                                          evidence=c.evidence) for c in p.criteria))
+        for p in pairs
+    ]  # fmt: skip
+    return _check_unique(items, path)
+
+
 # --------------------------------------------------------------------------------------------------------- registry
 
 BENCHMARKS: dict[str, BenchSpec] = {
@@ -534,9 +562,11 @@ BENCHMARKS: dict[str, BenchSpec] = {
             "query.jsonl, criteria.jsonl and reference.jsonl (or a *cleaned_articles.jsonl stand-in)",
         ),
         BenchSpec("scholarqa_cs", "scholarqa_cs", load_scholarqa_cs, True, "test_configs_snippets.json"),
+        BenchSpec("rubric-pairs", "rubric_pairs", load_rubric_pairs, False,
+                  "a DeepRubric pairs.jsonl (or its build folder); scored offline (approximate) without a judge"),
     )
 }
-ALIASES = {"2wiki": "2wikimultihopqa", "drb": "deep_research_bench", "sqa_cs": "scholarqa_cs"}
+ALIASES = {"rubric_pairs": "rubric-pairs", "2wiki": "2wikimultihopqa", "drb": "deep_research_bench", "sqa_cs": "scholarqa_cs"}
 
 
 def bench_spec(bench: str) -> BenchSpec:

@@ -86,6 +86,7 @@ class EvalSummary:
     summary_json: Path
     summary_md: Path
     plot_path: Path
+    note: str = ""  # e.g. that the scores are an offline approximation
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (paths as strings)."""
@@ -131,6 +132,9 @@ async def _score(
     body = outcome.report.body if outcome.report.answer_found else ""
     metrics: dict[str, Any] = {}
     record["metrics"] = metrics
+    if spec.kind == "rubric_pairs":
+        await _score_rubric_pair(item, outcome, judge, record)
+        return
     if spec.kind == "short_form":
         prediction = scoring.extract_prediction(body)
         record["prediction"] = prediction
@@ -161,6 +165,42 @@ async def _score(
         **graded.details,
         "usage": _usage_dict(graded.usage),
     }
+
+
+OFFLINE_PAIRS_NOTE = (
+    "Approximate: no judge endpoint was configured, so each criterion was scored 0-4 by MiniLM similarity between "
+    "the criterion (with its evidence) and the answer's best-matching sentence, not read by a grader."
+)
+
+
+async def _score_rubric_pair(item: EvalItem, outcome: ResearchOutcome, judge: JsonJudge | None,
+                             record: dict[str, Any]) -> None:
+    """DeepRubric pairs: the §11.6 rubric term (0 when there is no answer), the reward and its other terms."""
+    from learning.deeprubric.pairs import PairCriterion, QueryPair
+    from learning.deeprubric.scorer import LLMCriterionScorer, OfflineCriterionScorer, score_pair
+
+    pair = QueryPair(item.id, item.question, tuple(
+        PairCriterion(c.name, c.group, c.text, c.weight, c.evidence) for c in item.criteria))
+    scorer: Any = LLMCriterionScorer(judge) if judge is not None else OfflineCriterionScorer()
+    try:
+        (breakdown,), group = await score_pair(scorer, pair, [outcome.trajectory])
+    except JudgeError as exc:
+        record["judge_error"] = f"{type(exc).__name__}: {exc}"
+        return
+    metrics = record["metrics"]
+    metrics.update(breakdown.as_metrics())
+    if not breakdown.has_answer:
+        metrics["rubric"] = 0.0  # no answer covers no criterion (the reward itself is 0.15·format)
+    if group.errors:
+        record["judge_error"] = "; ".join(group.errors)
+    if breakdown.has_answer and breakdown.rubric is None:  # every criterion failed to score: no silent 0
+        metrics.pop("reward", None)
+    record["judge"] = {
+        "model": scorer.model, "approximate": scorer.approximate,
+        "criteria": [{"id": c.id, "type": c.type, "weight": c.weight, "score": s, "criterion": c.description[:300]}
+                     for c, s in zip(pair.criteria, group.scores[0], strict=True)],
+        "usage": _usage_dict(group.usage),
+    }  # fmt: skip
 
 
 async def _run_item(
@@ -242,6 +282,7 @@ def _summarise(
         data_dir=str(manifest["data_dir"]),
         grader_prompt_version=scoring.grader_prompt_version() if judge is not None else None,
         judge_usage=_usage_dict(usage),
+        note=OFFLINE_PAIRS_NOTE if spec.kind == "rubric_pairs" and judge is None else "",
         out_dir=out_dir, items_path=out_dir / ITEMS_FILE, summary_json=out_dir / SUMMARY_JSON,
         summary_md=out_dir / SUMMARY_MD, plot_path=out_dir / PLOT_FILE,
     )  # fmt: skip

@@ -282,6 +282,7 @@ PRIMARY_METRIC: dict[BenchKind, str] = {
     "healthbench": "score",
     "deep_research_bench": "overall",
     "scholarqa_cs": "score",
+    "rubric_pairs": "rubric",
 }
 
 # ---------------------------------------------------------------------------------------------------- LLM graders
