@@ -15,6 +15,10 @@ Decisions where METHOD §11 is silent:
   the pair on the next run, never a second pair.
 - Each pair's `hops` are its selected leaves' best statements with the passage each came from (query: the leaf's
   sub-query), so the evidence-chain SFT teacher can use the pairs as questions.
+- In the LLM mode (`llm_components`, `learning/deeprubric/llm.py`) every tree, pair and audit line also carries
+  `model`, and every tree and audit line carries `llm`: the requests, tokens, repairs, failures and drops of the
+  LLM steps that made it (a snapshot of the components' `Ledger`), so the statistics sum them over the files and a
+  resumed build counts each line once. `build.json` records the model, so a folder is never continued with another.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 from learning.deeprubric.audit import Auditor, OfflineAuditor, validate_pair
 from learning.deeprubric.corpus import SeedPage
+from learning.deeprubric.llm import TEMPERATURE, Ledger, llm_steps
 from learning.deeprubric.offline import OfflineExtractor, OfflineProposer, page_root
 from learning.deeprubric.records import Mode, Pair, Tree, to_json, tree_from_json
 from learning.deeprubric.stats import compute_stats, stats_markdown
@@ -43,6 +48,7 @@ from learning.deeprubric.tree import (
     leaves,
     passage_of,
 )
+from learning.judge.types import JsonJudge
 from learning.sft.generate import read_lines
 
 TREES = "trees.jsonl"
@@ -63,12 +69,22 @@ class Components:
     synthesiser: Synthesiser
     auditor: Auditor
     mode: Mode
+    model: str = ""  # the LLM's name in the LLM mode
+    ledger: Ledger | None = None  # what the LLM steps cost and dropped (LLM mode)
 
 
 def offline_components() -> Components:
     """The deterministic offline pipeline."""
     return Components(OfflineProposer(), OfflineExtractor(), AlwaysExpand(), OfflineSynthesiser(), OfflineAuditor(),
                       "offline")
+
+
+def llm_components(client: JsonJudge, temperature: float = TEMPERATURE, max_tokens: int | None = None,
+                   statements_per_node: int = 6) -> Components:
+    """The five steps written by the model behind `client` (a `JudgeClient`), sharing one ledger."""
+    proposer, extractor, gate, synthesiser, auditor, ledger = llm_steps(client, temperature, max_tokens,
+                                                                        statements_per_node)
+    return Components(proposer, extractor, gate, synthesiser, auditor, "llm", client.model, ledger)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +95,13 @@ class BuildSettings:
     seed: int
     topic: str | None
     tree: TreeConfig = field(default_factory=TreeConfig)
+    model: str = ""  # the LLM mode's model (absent from build.json in the offline mode)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["tree"]["children"] = list(self.tree.children)
+        if not self.model:
+            del d["model"]
         return d
 
 
@@ -105,7 +124,7 @@ def settings_of(out: Path) -> BuildSettings:
     try:
         d = json.loads((Path(out) / MANIFEST).read_text(encoding="utf-8"))
         tree = TreeConfig(**{**d["tree"], "children": tuple(d["tree"]["children"])})
-        return BuildSettings(d["mode"], int(d["seed"]), d["topic"], tree)
+        return BuildSettings(d["mode"], int(d["seed"]), d["topic"], tree, str(d.get("model", "")))
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"{out}: no readable {MANIFEST} (run `rubricem deeprubric trees` first)") from exc
 
@@ -168,8 +187,12 @@ async def build(
 ) -> BuildResult:
     """Build (or resume) the trees of `seeds`, then the pairs of every tree in the folder, then the statistics."""
     components = components or offline_components()
+    if (components.mode, components.model) != (settings.mode, settings.model):
+        raise ValueError(f"the components ({components.mode} {components.model!r}) do not match the build settings "
+                         f"({settings.mode} {settings.model!r})")
     out = Path(out)
     check_folder(out, settings)
+    _take(components)  # start counting from zero
     out.mkdir(parents=True, exist_ok=True)
     _write_atomic(out / MANIFEST, json.dumps(settings.as_dict(), indent=2) + "\n")
     built = resumed = audited = 0
@@ -181,7 +204,7 @@ async def build(
                 continue
             tree = await build_tree(key, page_root(page.title, page.text), retriever_for(key), components.proposer,
                                     components.extractor, components.gate, settings.tree, components.mode)
-            record = tree_record(tree)
+            record = tree_record(tree) | _llm_fields(components)
             _append(out / TREES, record)
             done.add(key)
             built += 1
@@ -223,11 +246,24 @@ async def _pairs(out: Path, components: Components, say: Say) -> int:
                 line.update(decision="DROP", reason="invalid")
                 final = None
             if final is not None:
-                _append(out / PAIRS, pair_record(final, tree, verdict.decision, problems))
+                _append(out / PAIRS, pair_record(final, tree, verdict.decision, problems)
+                        | ({"model": components.model} if components.model else {}))
+        line.update(_llm_fields(components))
         _append(out / AUDIT, line)
         n += 1
         say(f"pair {tree.key} ({tree.seed_title}): {line['decision']}{' ' + line['reason'] if line['reason'] else ''}")
     return n
+
+
+def _take(components: Components) -> dict[str, Any] | None:
+    return components.ledger.take() if components.ledger is not None else None
+
+
+def _llm_fields(components: Components) -> dict[str, Any]:
+    """`model` and the ledger snapshot for a tree or audit line (nothing in the offline mode)."""
+    taken = _take(components)
+    out: dict[str, Any] = {"model": components.model} if components.model else {}
+    return out | ({"llm": taken} if taken is not None else {})
 
 
 def write_stats(out: Path) -> dict[str, Any]:
@@ -248,6 +284,7 @@ __all__ = [
     "Components",
     "build",
     "check_folder",
+    "llm_components",
     "offline_components",
     "pair_record",
     "settings_of",

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from statistics import fmean
 from typing import Any
 
+from learning.deeprubric.llm import sum_ledgers
+
 
 def _mean(values: Sequence[float]) -> float:
     return round(fmean(values), 2) if values else 0.0
@@ -29,6 +31,9 @@ def compute_stats(trees: Sequence[Mapping[str, Any]], audits: Sequence[Mapping[s
     kinds = Counter(r["type"] for p in pairs for r in p["rubrics"])
     total_rubrics = sum(kinds.values())
     modes = sorted({t["mode"] for t in trees} | {p["mode"] for p in pairs})
+    ledgers = [r["llm"] for r in (*trees, *audits) if isinstance(r.get("llm"), Mapping)]
+    models = sorted({str(r["model"]) for r in (*trees, *audits, *pairs) if r.get("model")})
+    llm = {"llm": {"models": models, **sum_ledgers(ledgers)}} if ledgers or models else {}
     return {
         "mode": modes[0] if len(modes) == 1 else modes,
         "trees": len(trees),
@@ -51,6 +56,7 @@ def compute_stats(trees: Sequence[Mapping[str, Any]], audits: Sequence[Mapping[s
         "dropped_by_reason": dict(sorted(dropped.items())),
         "trees_skipped_by_reason": dict(sorted(skipped.items())),
         "problems_by_dimension": dict(sorted(dims.items())),
+        **llm,  # the LLM mode only: requests, tokens, repairs, failures and drops of its steps
     }
 
 
@@ -72,6 +78,16 @@ def stats_markdown(s: Mapping[str, Any]) -> str:
          f"{s['duplicate_statements_removed']} / {s['ungrounded_statements_removed']}"),
         ("empty retrievals / rejected sub-queries", f"{s['empty_retrievals']} / {s['rejected_sub_queries']}"),
     ]
+    if (llm := s.get("llm")) is not None:
+        rows += [
+            ("LLM model", ", ".join(llm["models"]) or "?"),
+            ("LLM requests (cached) / prompt + completion tokens",
+             f"{llm['requests']:,} ({llm['cached']:,}) / {llm['prompt_tokens']:,} + {llm['completion_tokens']:,}"),
+            ("LLM step calls, by step", _counts(llm["steps"])),
+            ("LLM answers repaired, by step", _counts(llm["repaired"])),
+            ("LLM step failures after repair, by reason", _counts(llm["failures"])),
+            ("LLM items dropped, by reason", _counts(llm["dropped"])),
+        ]
     lines = ["| Statistic | Value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
     return "\n".join(["# DeepRubric build statistics", "", *lines, ""])
 
