@@ -6,11 +6,16 @@ they ran; the last one's adapter is shipped. The shipped adapter is trained in s
 adapter the previous stage shipped (`--init-adapter agent/adapters/smollm2-sft`), so a CPU run can stop after any
 stage with a usable adapter; DEST/PROVENANCE.md records every stage's command and metrics, the data hash and the
 generation report. The weights are cast to bfloat16 (half the size; the embedded policy runs in bf16).
+
+`--after-shipped` adds stages to the adapter already in DEST without the earlier stages' run folders (they live on
+the machine that trained them): the stage blocks of DEST/PROVENANCE.md are kept as they are and the given runs become
+the next stages. The first of them must have started from DEST (`--init-adapter DEST`), or nothing is written.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -27,6 +32,13 @@ TRAIN_CMDS = (
     f"rubricem sft train --data .cache/sft/data --out .cache/sft/run-3 --preset cpu --init-adapter {DEST} "
     "--epochs 0.5 --seed 2 --threads 2 --no-register",
 )
+_STAGE_BLOCK = re.compile(r"^- stage \d+: .*(?:\n  - .*)*", re.MULTILINE)
+
+
+def shipped_stages(dest: Path) -> list[str]:
+    """The stage blocks (`- stage N: ...` and its indented lines) of DEST/PROVENANCE.md, in order; [] if none."""
+    path = dest / "PROVENANCE.md"
+    return _STAGE_BLOCK.findall(path.read_text()) if path.is_file() else []
 
 
 def _stage_lines(n: int, run_dir: Path) -> list[str]:
@@ -46,13 +58,24 @@ def _stage_lines(n: int, run_dir: Path) -> list[str]:
     ]
 
 
-def ship(data_dir: Path, dest: Path, run_dirs: Sequence[Path]) -> Path:
-    """Write DEST (replacing it) from the last of `run_dirs` and return it."""
+def ship(data_dir: Path, dest: Path, run_dirs: Sequence[Path], after_shipped: bool = False) -> Path:
+    """Write DEST (replacing it) from the last of `run_dirs` and return it.
+
+    With `after_shipped` the runs continue the adapter in DEST: its recorded stages are kept and the runs numbered
+    after them. Raises ValueError (nothing written) when DEST records no stage or the first run did not start from
+    DEST."""
     import torch
     from safetensors.torch import load_file, save_file
 
     if not run_dirs:
         raise ValueError("no run folder given")
+    prior = shipped_stages(dest) if after_shipped else []
+    if after_shipped:
+        first = json.loads((run_dirs[0] / "adapter" / "rubricem.json").read_text()).get("init_adapter")
+        if not prior:
+            raise ValueError(f"{dest}/PROVENANCE.md records no stage to continue")
+        if first is None or Path(first).resolve() != dest.resolve():
+            raise ValueError(f"{run_dirs[0]} started from {first!r}, not from the shipped adapter {dest}")
     src = run_dirs[-1] / "adapter"
     meta = json.loads((src / "rubricem.json").read_text())
     tmp = dest.with_name(dest.name + ".tmp")
@@ -62,7 +85,7 @@ def ship(data_dir: Path, dest: Path, run_dirs: Sequence[Path]) -> Path:
     weights = load_file(str(src / "adapter_model.safetensors"))
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()},
               str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
-    (tmp / "rubricem.json").write_text(json.dumps({**meta, "version": "sft", "stages": len(run_dirs)}, indent=2))
+    (tmp / "rubricem.json").write_text(json.dumps({**meta, "version": "sft", "stages": len(prior) + len(run_dirs)}, indent=2))
     report = json.loads((data_dir / "report.json").read_text())
     lines = [
         "# The shipped SFT adapter (SmolLM2-135M-Instruct, LoRA)",
@@ -74,7 +97,8 @@ def ship(data_dir: Path, dest: Path, run_dirs: Sequence[Path]) -> Path:
         f"`python -m learning.sft.ship .cache/sft/data {DEST} RUN...`:",
         "",
     ]
-    for n, run_dir in enumerate(run_dirs, start=1):
+    lines += prior
+    for n, run_dir in enumerate(run_dirs, start=len(prior) + 1):
         lines += _stage_lines(n, run_dir)
     lines += [
         "",
@@ -95,6 +119,12 @@ def ship(data_dir: Path, dest: Path, run_dirs: Sequence[Path]) -> Path:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 4:
-        sys.exit("usage: python -m learning.sft.ship DATA_DIR DEST RUN_DIR [RUN_DIR ...]")
-    print(ship(Path(sys.argv[1]), Path(sys.argv[2]), [Path(p) for p in sys.argv[3:]]))
+    args = sys.argv[1:]
+    after = "--after-shipped" in args
+    args = [a for a in args if a != "--after-shipped"]
+    if len(args) < 3:
+        sys.exit("usage: python -m learning.sft.ship DATA_DIR DEST [--after-shipped] RUN_DIR [RUN_DIR ...]")
+    try:
+        print(ship(Path(args[0]), Path(args[1]), [Path(p) for p in args[2:]], after_shipped=after))
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -417,7 +418,7 @@ def test_a_second_stage_continues_from_the_shipped_adapter_and_provenance_lists_
     import torch
     from safetensors.torch import load_file
 
-    from learning.sft.ship import ship
+    from learning.sft.ship import ship, shipped_stages
     from learning.sft.train import preset, train_sft
 
     data = tmp_path / "data"
@@ -440,3 +441,19 @@ def test_a_second_stage_continues_from_the_shipped_adapter_and_provenance_lists_
     provenance = (shipped / "PROVENANCE.md").read_text()
     assert "- stage 1:" in provenance and "- stage 2:" in provenance and "--init-adapter" in provenance
     assert json.loads((shipped / "rubricem.json").read_text())["stages"] == 2
+    # A later stage ships on a machine without the earlier runs: their recorded blocks are kept, numbered on.
+    before = shipped_stages(dest)
+    assert [b.split(":")[0] for b in before] == ["- stage 1", "- stage 2"]
+    with pytest.raises(ValueError, match="not from the shipped adapter"):  # stage 1 started from the base model
+        ship(data, dest, [tmp_path / "run"], after_shipped=True)
+    with pytest.raises(ValueError, match="records no stage"):
+        ship(data, tmp_path / "empty", [tmp_path / "run-2"], after_shipped=True)
+    assert shipped_stages(dest) == before and not (tmp_path / "empty").exists()  # refused: nothing written
+    train_sft(_tiny_examples(), smollm2_dir, tmp_path / "run-3", replace(cfg, seed=2), init_adapter=dest,
+              max_steps=1)
+    shutil.rmtree(tmp_path / "run")  # the earlier runs are gone, as on another machine
+    third = ship(data, dest, [tmp_path / "run-3"], after_shipped=True)
+    provenance = (third / "PROVENANCE.md").read_text()
+    assert shipped_stages(third)[:2] == before
+    assert "- stage 3:" in provenance and "- stage 4:" not in provenance
+    assert json.loads((third / "rubricem.json").read_text())["stages"] == 3
