@@ -55,8 +55,9 @@ def test_support_check_counts_verdicts_and_failures(openai_standin: OpenAIStandI
     assert result.check.supported == 1
     assert result.failed == 1
     assert [v.supported for v in result.verdicts] == [True, False, None]
-    # Usage counts the calls that produced a verdict; billed invalid answers are in the client's running totals.
-    assert result.usage.calls == 2
+    # Usage counts every billed call: the two verdicts, and the third claim's invalid answer and its repair, whose
+    # cost the JudgeOutputInvalid carries (an invalid answer is billed like a valid one).
+    assert result.usage.calls == 4
     assert len(openai_standin.chat_requests) == 4
     user = openai_standin.chat_requests[0].json["messages"][-1]["content"]
     assert "Latin" in user and "Haymo of Faversham (d. 1244)" in user
