@@ -261,6 +261,18 @@ def scripted(request: dict[str, Any]) -> str:
                        "revised_rubrics": []})
 
 
+def build_one_tree(out: Path, client: JudgeClient, settings: BuildSettings, components: Any) -> Any:
+    """Build the SEED tree (its pair and audit) into `out` with these LLM components, then close the client."""
+
+    async def go() -> Any:
+        try:
+            return await build(out, [("s0-0", SEED)], lambda _k: FixedRetriever(), settings, components)
+        finally:
+            await client.aclose()
+
+    return run(go())
+
+
 def test_a_scripted_llm_build_writes_labelled_pairs_and_counts_every_request(
     standin: OpenAIStandIn, tmp_path: Path
 ) -> None:
@@ -269,14 +281,7 @@ def test_a_scripted_llm_build_writes_labelled_pairs_and_counts_every_request(
     config = TreeConfig(max_depth=1, children=(3,), max_nodes=4, top_k=1, passage_chars=600)
     components = llm_components(client, temperature=0.0)
     settings = BuildSettings("llm", 0, None, config, "standin-model")
-
-    async def go() -> Any:
-        try:
-            return await build(tmp_path, [("s0-0", SEED)], lambda _k: FixedRetriever(), settings, components)
-        finally:
-            await client.aclose()
-
-    result = run(go())
+    result = build_one_tree(tmp_path, client, settings, components)
     (tree,), (audit,) = read_lines(tmp_path / TREES), read_lines(tmp_path / AUDIT)
     (pair,) = read_lines(tmp_path / PAIRS)
     assert tree["mode"] == pair["mode"] == audit["mode"] == "llm"
@@ -320,14 +325,7 @@ def test_llm_build_served_by_llamacpp_runs_to_the_end(tmp_path: Path, llamacpp_s
     config = TreeConfig(max_depth=1, children=(3,), max_nodes=4, top_k=1, passage_chars=600, statements_per_node=2)
     components = llm_components(client, temperature=0.0, statements_per_node=2)
     settings = BuildSettings("llm", 0, None, config, "smollm2")
-
-    async def go() -> Any:
-        try:
-            return await build(tmp_path, [("s0-0", SEED)], lambda _k: FixedRetriever(), settings, components)
-        finally:
-            await client.aclose()
-
-    result = run(go())
+    result = build_one_tree(tmp_path, client, settings, components)
     (tree,), (audit,) = read_lines(tmp_path / TREES), read_lines(tmp_path / AUDIT)
     pairs = read_lines(tmp_path / PAIRS)
     llm = result.stats["llm"]
