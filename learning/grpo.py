@@ -12,8 +12,9 @@ the later stages it enables.
 DeepRubric's GRPO (`reward = "deeprubric"`, METHOD §11.6) is the runnable baseline beside it: each question comes from
 a query–rubric pair, each rollout gets one scalar reward against that pair's criteria (learning/deeprubric/reward.py),
 group-normalised and given to every sampled token, exactly as the answer-only credit does. The stagewise judge still
-judges each group (with the pair's criteria as persistent Answer-stage rubrics): its judgement is logged, and the
-reflection writer reads it, but it plays no part in the advantages. A rollout whose rubric term cannot be scored is
+judges each group (with the pair's criteria as persistent Answer-stage rubrics) only when reflections are on: the
+reflection writer reads that judgement, which is logged but plays no part in the advantages. Without reflections the
+group is not stage-judged at all (no second judge call per group: DeepRubric's compute is its rubric scorer alone). A rollout whose rubric term cannot be scored is
 dropped from its group, like a rollout without an Answer score.
 
 Reflection meta-policy. After a group is judged, one rollout (uniformly at random) is reflected on by the same
@@ -231,6 +232,8 @@ async def collect_group(parts: TrainerParts, cfg: TrainConfig, sb: StepBatch, qi
     if len(trajs) < 2:
         counts["groups_skipped_rollouts"] += 1
         return None
+    if cfg.reward == "deeprubric" and not (cfg.reflection and parts.reflect is not None):
+        return await _rubric_reward_group(parts, question, sids, trajs, counts)  # nothing reads a stage judgement
     try:
         judgements = await parts.judge.judge_group(question, trajs, persistent=parts.persistent.get(question, ()))
     except Exception:  # noqa: BLE001 - an unavailable judge skips the group, it never stops the run

@@ -301,7 +301,8 @@ SQA_EXPERTISE_CRITERION = (
 
 def grader_prompt_version() -> str:
     """A short hash of the eval grader templates and the judge system message (recorded in the summary)."""
-    return prompts.templates_version(tuple(EVAL_TEMPLATES))
+    # rubric-pairs items are graded by DeepRubric's criteria prompt (learning/deeprubric/scorer.py): hashed too.
+    return prompts.templates_version((*EVAL_TEMPLATES, "deeprubric_criteria"))
 
 
 @dataclass(frozen=True, slots=True)

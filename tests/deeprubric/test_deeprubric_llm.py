@@ -344,3 +344,42 @@ def test_llm_build_served_by_llamacpp_runs_to_the_end(tmp_path: Path, llamacpp_s
     for p in pairs:  # a written pair is whole
         assert p["mode"] == "llm" and len(p["rubrics"]) >= 5
         assert all(set(r["source_leaf_ids"]) <= set(p["selected_leaf_ids"]) for r in p["rubrics"])
+
+
+@pytest.mark.slow
+def test_synthesis_and_audit_served_by_llamacpp_end_with_a_defined_outcome(llamacpp_server: str,
+                                                                            standin: OpenAIStandIn) -> None:
+    """The two pair-making steps with the real model (the tree test above never reaches them: its tree has no
+    leaves). Synthesis on the hand-made tree, then an audit of a well-formed pair (made by the stand-in, so the audit
+    runs whatever the synthesis gave): each ends in a whole pair, a verdict, or a counted skip — never a crash or a
+    half-formed pair."""
+    client = JudgeClient(llamacpp_server, "smollm2", json_mode="json_object", max_tokens=384, timeout_s=120,
+                         max_retries=1)
+    _p, _e, _g, synth, auditor, ledger = llm_steps(client, temperature=0.0)
+    tree = small_tree()
+    standin.push(synthesis(rubrics(["n1", "n2", "n3"])))
+    _sp, _se, _sg, scripted_synth, _sa, _sl = llm_steps(client_of(standin))
+    good = run(scripted_synth.synthesise(tree, leaves(tree)))
+
+    async def go() -> tuple[Any, Any]:
+        try:
+            try:
+                made = await synth.synthesise(tree, leaves(tree))
+            except Skip as skip:
+                made = skip
+            return made, await auditor.audit(good)
+        finally:
+            await client.aclose()
+
+    made, verdict = run(go())
+    counts = ledger.take()
+    assert counts["steps"] == {"synthesise": 1, "audit": 1} and counts["completion_tokens"] > 0
+    if isinstance(made, Skip):  # what the model got wrong was sent back once, then counted
+        assert made.reason.startswith("synthesis_") and sum(counts["failures"].values()) >= 1
+    else:
+        assert validate_pair(made) == [] and set(made.selected_leaf_ids) <= {"n1", "n2", "n3"}
+    assert verdict.decision in ("KEEP", "REVISE", "DROP")
+    if verdict.decision == "REVISE":
+        assert verdict.revised is not None and validate_pair(verdict.revised) == []
+    # a repaired or failed step sent its repair request too
+    assert counts["requests"] >= 2 + sum(counts["repaired"].values()) + sum(counts["failures"].values())

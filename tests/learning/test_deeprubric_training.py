@@ -98,6 +98,8 @@ def test_one_step_with_the_deeprubric_reward(train_env: Path, tmp_path: Path) ->
     # one scalar per rollout, in every stage column; it lies within the reward's range
     assert row["reward/plan"] == row["reward/answer"] == pytest.approx(reward, abs=1e-4)
     assert -0.5 <= reward <= 1.0 and 0.0 <= float(row["deeprubric/format"]) <= 1.0  # type: ignore[arg-type]
+    with sqlite3.connect(out / "rollouts.sqlite3") as db:  # reflections off: the stagewise judge is never called
+        assert db.execute("SELECT COUNT(*) FROM judgements").fetchone() == (0,)
     assert (out / "adapters" / "pairs-dr@1" / "adapter_config.json").is_file()
 
 
