@@ -13,10 +13,24 @@ Write rules (decisions for this project, METHOD open points 16-19):
   deleted: a failure leaves either the old item or both, never a partial one, and readers take the newest;
 - beyond `capacity` items, the lowest retention u * 0.5 ** (age_days / half_life_days) are evicted.
 One process writes (the trainer); any number read (the app), through a Chroma server when they are separate.
+
+The question index. Chroma answers a lookup by id in about half a millisecond, but any `get` by metadata filter (and
+`count`) scans the collection: 10-15 ms at 100,000 items, most of a retrieval's time. So a second Chroma collection,
+`<collection>.questions`, maps each question hash (its record id) to the ids of the bank items with that hash: the
+within-episode lookup and the write rules read it by id, then read those items by id. It lives in Chroma beside the
+bank, so every process and every client sees the same index and no process keeps state that could go stale. Writes
+keep it a superset of the truth: an item's id is added to the index before the item is written, and removed only
+after the item is deleted; a reader drops ids that no longer exist and items whose hash differs, so a crash between
+the two writes changes no result. A bank written before the index existed (or an index left incomplete, or one of a
+bank collection since recreated) is indexed in full when the bank is opened (about a minute at 100,000 items, once),
+best before the trainer writes: an item written by another process during that build may be left out of it.
+Processes that write the bank must all run this version: a writer that does not know the index would leave its
+items out of the within-episode lookup.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -31,10 +45,11 @@ from typing import Any, Literal
 import numpy as np
 from chromadb.api import ClientAPI
 from chromadb.api.models.Collection import Collection
+from chromadb.errors import NotFoundError
 
 from store.chroma import chroma_errors, open_chroma_client, open_collection
 from store.config import BankConfig, StoreConfig
-from store.embeddings import embed_texts
+from store.embeddings import embed_query, embed_texts
 from store.errors import InvalidInput, StoreError
 from store.records import BankHit, BankItem, Retrieval, question_sha
 
@@ -52,6 +67,9 @@ __all__ = [
 
 _META_MODEL = "embedding_model"
 _FIELDS = tuple(f.name for f in fields(BankItem))
+INDEX_SUFFIX = ".questions"  # the question index collection is named <bank collection><INDEX_SUFFIX>
+_INDEX_OF = "question_index_of"  # index metadata: the id of the bank collection it indexes
+_INDEX_COMPLETE = "complete"  # index metadata: "yes" once every item of that collection is in it
 MAX_TEXT_CHARS = 20_000  # per block; a reflection is a few hundred words
 
 RequestedMode = Literal["auto", "within", "cross"]
@@ -147,6 +165,17 @@ def _item(item_id: str, document: str | None, meta: Mapping[str, Any] | None) ->
     )
 
 
+def _index_vector(sha: str) -> list[float]:
+    """A question-index record's vector. The index is only ever read by id, but Chroma stores a vector with every
+    record; one derived from the hash keeps the records spread out, so the collection's HNSW graph stays sound."""
+    digest = hashlib.sha256(sha.encode()).digest()
+    return [int.from_bytes(digest[i:i + 4], "big") / 2**32 - 0.5 for i in range(0, 16, 4)]
+
+
+def _index_ids(meta: Mapping[str, Any] | None) -> set[str]:
+    return set(json.loads(str((meta or {}).get("ids", "[]"))))
+
+
 def _vector(embedding: Sequence[float] | np.ndarray) -> list[float]:
     v = np.asarray(embedding, dtype=np.float32).reshape(-1)
     norm = float(np.linalg.norm(v))
@@ -177,8 +206,10 @@ class RubricBank:
         self.config: BankConfig = config.bank
         self._clock = clock
         self._lock = threading.RLock()
+        self._batch: int | None = None
         self._client = client if client is not None else open_chroma_client(config, BankError)
         self._collection = self._open_collection()
+        self._index = self._open_index()
 
     def _open_collection(self) -> Collection:
         name, model = self.config.collection, self.config.embedding_model.strip()
@@ -190,6 +221,99 @@ class RubricBank:
             )
         return col
 
+    def _open_index(self) -> Collection:
+        """Open the question index, first building it when it is missing, incomplete or of another collection."""
+        name, bank_id = self.config.collection + INDEX_SUFFIX, str(self._collection.id)
+        meta = {_INDEX_OF: bank_id}
+        with chroma_errors(f"open the rubric bank's question index {name!r}", BankError):
+            try:
+                index = self._client.get_collection(name, embedding_function=None)  # type: ignore[arg-type]
+            except NotFoundError:
+                index = self._client.create_collection(name, embedding_function=None, metadata=meta)  # type: ignore[arg-type]
+            found = index.metadata or {}
+            if found.get(_INDEX_OF) == bank_id and found.get(_INDEX_COMPLETE) == "yes":
+                return index
+            if found.get(_INDEX_OF) != bank_id:  # the bank collection was recreated: its old index means nothing
+                self._client.delete_collection(name)
+                index = self._client.create_collection(name, embedding_function=None, metadata=meta)  # type: ignore[arg-type]
+        self._index = index
+        with self._lock:
+            pairs = [(m, i) for i, m in self._scan_shas()]
+            self._index_update(add=pairs)
+        with chroma_errors(f"open the rubric bank's question index {name!r}", BankError):
+            index.modify(metadata={**meta, _INDEX_COMPLETE: "yes"})
+        return index
+
+    def _scan_shas(self) -> Iterator[tuple[str, str]]:
+        """(item id, question hash) of every item, read in pages."""
+        offset, page = 0, min(self._max_batch(), 5000)
+        while True:
+            with chroma_errors("read the rubric bank", BankError):
+                got = self._collection.get(limit=page, offset=offset, include=["metadatas"])
+            if not got["ids"]:
+                return
+            for item_id, meta in zip(got["ids"], got["metadatas"] or [], strict=True):
+                yield item_id, str((meta or {}).get("question_sha", ""))
+            offset += len(got["ids"])
+
+    def _index_read(self, shas: Iterable[str]) -> dict[str, set[str]]:
+        """The indexed item ids per question hash (hashes without items are absent)."""
+        out: dict[str, set[str]] = {}
+        wanted = sorted({s for s in shas if s})
+        for chunk in _chunks(wanted, self._max_batch()):
+            with chroma_errors("read the rubric bank's question index", BankError):
+                got = self._index.get(ids=chunk, include=["metadatas"])
+                for sha, meta in zip(got["ids"], got["metadatas"] or [], strict=True):
+                    out[sha] = _index_ids(meta)  # a damaged record raises ValueError: mapped to BankError
+        return out
+
+    def _index_update(self, *, add: Iterable[tuple[str, str]] = (), remove: Iterable[tuple[str, str]] = ()) -> None:
+        """Add and remove (question hash, item id) pairs (caller holds the lock: read, change, write back)."""
+        adds: dict[str, set[str]] = {}
+        removes: dict[str, set[str]] = {}
+        for target, pairs in ((adds, add), (removes, remove)):
+            for sha, item_id in pairs:
+                if sha:  # an item without a hash can never be looked up by one
+                    target.setdefault(sha, set()).add(item_id)
+        current = self._index_read([*adds, *removes])
+        upserts: dict[str, set[str]] = {}
+        deletes: list[str] = []
+        for sha in sorted({*adds, *removes}):
+            ids = (current.get(sha, set()) | adds.get(sha, set())) - removes.get(sha, set())
+            if ids != current.get(sha, set()):
+                if ids:
+                    upserts[sha] = ids
+                elif sha in current:
+                    deletes.append(sha)
+        batch = self._max_batch()
+        with chroma_errors("write the rubric bank's question index", BankError):
+            keys = list(upserts)
+            for start in range(0, len(keys), batch):
+                chunk = keys[start:start + batch]
+                self._index.upsert(
+                    ids=chunk, embeddings=[_index_vector(sha) for sha in chunk],  # type: ignore[arg-type]
+                    metadatas=[{"ids": json.dumps(sorted(upserts[sha]))} for sha in chunk],
+                )
+            for chunk in _chunks(deletes, batch):
+                self._index.delete(ids=chunk)
+
+    def _by_sha(self, shas: Iterable[str]) -> dict[str, list[BankItem]]:
+        """The items of each question hash, newest first (two lookups by id: the index, then the items)."""
+        wanted = set(shas)
+        indexed = self._index_read(wanted)
+        ids = sorted({i for group in indexed.values() for i in group})
+        out: dict[str, list[BankItem]] = {}
+        for chunk in _chunks(ids, self._max_batch()):
+            with chroma_errors("read the rubric bank", BankError):
+                got = self._collection.get(ids=chunk, include=["documents", "metadatas"])
+            docs, metas = got["documents"] or [], got["metadatas"] or []
+            for item in (_item(i, d, m) for i, d, m in zip(got["ids"], docs, metas, strict=True)):
+                if item.question_sha in wanted:  # an id indexed under a hash its item no longer has is skipped
+                    out.setdefault(item.question_sha, []).append(item)
+        for items in out.values():
+            items.sort(key=lambda it: _parse_time(it.created_at), reverse=True)
+        return out
+
     # ---- embedding -----------------------------------------------------------------------------------------
 
     def embed(self, questions: Sequence[str]) -> list[list[float]]:
@@ -197,10 +321,15 @@ class RubricBank:
         with chroma_errors("embed bank questions", BankError):
             return [_vector(v) for v in embed_texts(list(questions), self.config.embedding_model)]
 
+    def _query_vector(self, question: str) -> list[float]:
+        """The question's normalised embedding (the same vector as `embed([question])[0]`, cached per process)."""
+        with chroma_errors("embed bank questions", BankError):
+            return _vector(embed_query(question, self.config.embedding_model))
+
     # ---- reading -------------------------------------------------------------------------------------------
 
     def count(self) -> int:
-        """Number of items."""
+        """Number of items (Chroma counts by a scan: about 7 ms at 100,000 items, so retrieval never asks)."""
         with chroma_errors("count the rubric bank", BankError):
             return self._collection.count()
 
@@ -217,16 +346,10 @@ class RubricBank:
         docs, metas = got["documents"] or [], got["metadatas"] or []
         return _item(got["ids"][0], docs[0] if docs else None, metas[0] if metas else None)
 
-    def _where(self, where: Mapping[str, Any]) -> list[BankItem]:
-        with chroma_errors("read the rubric bank", BankError):
-            got = self._collection.get(where=dict(where), include=["documents", "metadatas"])  # type: ignore[arg-type]
-        docs, metas = got["documents"] or [], got["metadatas"] or []
-        items = [_item(i, d, m) for i, d, m in zip(got["ids"], docs, metas, strict=True)]
-        return sorted(items, key=lambda it: _parse_time(it.created_at), reverse=True)
-
     def by_question(self, question: str) -> BankItem | None:
         """The newest item for exactly this (normalised) question, or None."""
-        items = self._where({"question_sha": question_sha(question)})
+        sha = question_sha(question)
+        items = self._by_sha([sha]).get(sha)
         return items[0] if items else None
 
     def items(self, *, batch: int = 1000) -> Iterator[BankItem]:
@@ -257,18 +380,17 @@ class RubricBank:
         """The `k` items most similar to `question` (cosine), best first, optionally excluding one question hash."""
         if k <= 0:
             return []
-        n = self.count()
-        if n == 0:
-            return []
-        vec = _vector(embedding) if embedding is not None else self.embed([question])[0]
+        vec = _vector(embedding) if embedding is not None else self._query_vector(question)
         # The excluded question is filtered here, not with a Chroma `$ne` filter: that turns into an allow-list of
-        # every other id and costs ~250 ms at 100k items, against ~1 ms for a plain top-(k + a few) query.
+        # every other id and costs ~250 ms at 100k items, against ~1 ms for a plain top-(k + a few) query. No
+        # `count()` first either (another scan): Chroma returns fewer results than asked only when the bank has no
+        # more, which ends the deepening.
         depth = k + 2 if exclude_sha else k
         while True:
             with chroma_errors("search the rubric bank", BankError):
                 res = self._collection.query(
                     query_embeddings=[vec],  # type: ignore[arg-type]
-                    n_results=min(depth, n),
+                    n_results=depth,
                     include=["documents", "metadatas", "distances"],
                 )
             ids, docs = res["ids"][0], (res["documents"] or [[]])[0]
@@ -276,7 +398,7 @@ class RubricBank:
             hits = [BankHit(_item(i, d, m), 1.0 - float(dist))
                     for i, d, m, dist in zip(ids, docs, metas, dists, strict=True)]
             kept = [h for h in hits if h.item.question_sha != exclude_sha]
-            if len(kept) >= k or depth >= n:
+            if len(kept) >= k or len(ids) < depth:
                 return kept[:k]
             depth *= 4
 
@@ -305,7 +427,7 @@ class RubricBank:
             raise InvalidInput(f"retrieval mode must be auto, within or cross, got {mode!r}")
         sha = question_sha(question)
         if mode in ("auto", "within"):
-            own = self._where({"question_sha": sha})
+            own = self._by_sha([sha]).get(sha)
             if own:
                 return Retrieval("within", (BankHit(own[0], 1.0),))
             if mode == "within":
@@ -329,7 +451,7 @@ class RubricBank:
         validate_item(item)
         vec = _vector(embedding) if embedding is not None else self.embed([item.question])[0]
         with self._lock:
-            olds = {it.id: it for it in self._where({"question_sha": item.question_sha})}
+            olds = {it.id: it for it in self._by_sha([item.question_sha]).get(item.question_sha, [])}
             for hit in self.search(item.question, 5, embedding=vec):
                 if hit.similarity >= self.config.dedup_similarity:
                     olds[hit.item.id] = hit.item
@@ -337,6 +459,7 @@ class RubricBank:
             newer = [o for o in olds.values() if _parse_time(o.created_at) > _parse_time(item.created_at)]
             if newer:
                 return PutResult(item, False, reason=f"item {newer[0].id} for this question is newer")
+            self._index_update(add=[(item.question_sha, item.id)])  # index first: it must never miss an item
             with chroma_errors("write to the rubric bank", BankError):
                 self._collection.upsert(
                     ids=[item.id], documents=[item.question], embeddings=[vec],  # type: ignore[arg-type]
@@ -344,6 +467,7 @@ class RubricBank:
                 )
                 if olds:
                     self._collection.delete(ids=list(olds))
+            self._index_update(remove=[(o.question_sha, o.id) for o in olds.values()])
             evicted = self._evict()
         return PutResult(item, True, replaced=tuple(olds), evicted=evicted)
 
@@ -380,13 +504,7 @@ class RubricBank:
                 chunk = [items[i] for i in keep[start:start + batch]]
                 vecs = [vectors[i] for i in keep[start:start + batch]] if vectors is not None else self.embed(
                     [it.question for it in chunk])
-                olds: dict[str, BankItem] = {}
-                for sha_chunk in _chunks([it.question_sha for it in chunk], 500):
-                    olds.update({o.question_sha + "\0" + o.id: o for o in self._where(
-                        {"question_sha": {"$in": sha_chunk}})})
-                by_sha: dict[str, list[BankItem]] = {}
-                for o in olds.values():
-                    by_sha.setdefault(o.question_sha, []).append(o)
+                by_sha = self._by_sha(it.question_sha for it in chunk)
                 write_items, write_vecs, drop = [], [], []
                 for it, v in zip(chunk, vecs, strict=True):
                     existing = [o for o in by_sha.get(it.question_sha, []) if o.id != it.id]
@@ -394,7 +512,8 @@ class RubricBank:
                         continue
                     write_items.append(it)
                     write_vecs.append(v)
-                    drop += [o.id for o in existing]
+                    drop += existing
+                self._index_update(add=[(it.question_sha, it.id) for it in write_items])
                 with chroma_errors("write to the rubric bank", BankError):
                     if write_items:
                         self._collection.upsert(
@@ -403,7 +522,8 @@ class RubricBank:
                             metadatas=[_metadata(it) for it in write_items],  # type: ignore[misc]
                         )
                     if drop:
-                        self._collection.delete(ids=drop)
+                        self._collection.delete(ids=[o.id for o in drop])
+                self._index_update(remove=[(o.question_sha, o.id) for o in drop])
                 stored += len(write_items)
                 replaced += len(drop)
                 if progress is not None:
@@ -419,18 +539,20 @@ class RubricBank:
             BankItemNotFound: no such id.
         """
         with self._lock:
-            self.get(item_id)
+            item = self.get(item_id)
             with chroma_errors("delete from the rubric bank", BankError):
                 self._collection.delete(ids=[item_id])
+            self._index_update(remove=[(item.question_sha, item.id)])
 
     def clear(self) -> int:
         """Remove every item; returns how many there were."""
         with self._lock:
-            ids = [it.id for it in self.items()]
+            pairs = list(self._scan_shas())
             with chroma_errors("clear the rubric bank", BankError):
-                for chunk in _chunks(ids, self._max_batch()):
+                for chunk in _chunks([i for i, _ in pairs], self._max_batch()):
                     self._collection.delete(ids=chunk)
-        return len(ids)
+            self._index_update(remove=[(sha, i) for i, sha in pairs])
+        return len(pairs)
 
     def dedupe(self) -> list[str]:
         """Remove near-identical items (question cosine >= dedup_similarity), keeping the newest of each group.
@@ -439,25 +561,27 @@ class RubricBank:
         maintenance command, not a per-request step.
         """
         with self._lock:
-            ids, times, vecs = self._all_vectors()
+            ids, shas, times, vecs = self._all_vectors()
             if len(ids) < 2:
                 return []
             order = np.argsort(-np.asarray(times), kind="stable")  # newest first: the newest of a group is kept
             mat = np.asarray(vecs, dtype=np.float32)[order]
             kept: list[int] = []
-            removed: list[str] = []
+            removed: list[int] = []
             for row in range(len(order)):
                 if kept and float(np.max(mat[kept] @ mat[row])) >= self.config.dedup_similarity:
-                    removed.append(ids[int(order[row])])
+                    removed.append(int(order[row]))
                 else:
                     kept.append(row)
             with chroma_errors("deduplicate the rubric bank", BankError):
-                for chunk in _chunks(removed, self._max_batch()):
+                for chunk in _chunks([ids[r] for r in removed], self._max_batch()):
                     self._collection.delete(ids=chunk)
-        return removed
+            self._index_update(remove=[(shas[r], ids[r]) for r in removed])
+        return [ids[r] for r in removed]
 
-    def _all_vectors(self) -> tuple[list[str], list[float], list[list[float]]]:
+    def _all_vectors(self) -> tuple[list[str], list[str], list[float], list[list[float]]]:
         ids: list[str] = []
+        shas: list[str] = []
         times: list[float] = []
         vecs: list[list[float]] = []
         offset = 0
@@ -465,11 +589,12 @@ class RubricBank:
             with chroma_errors("read the rubric bank", BankError):
                 got = self._collection.get(limit=2000, offset=offset, include=["metadatas", "embeddings"])
             if not got["ids"]:
-                return ids, times, vecs
+                return ids, shas, times, vecs
             metas = got["metadatas"] or []
             embs = got["embeddings"] if got["embeddings"] is not None else []
             for i, m, e in zip(got["ids"], metas, embs, strict=True):
                 ids.append(i)
+                shas.append(str((m or {}).get("question_sha", "")))
                 ts = (m or {}).get("created_ts", 0.0)
                 times.append(float(ts) if isinstance(ts, int | float) else 0.0)
                 vecs.append(list(e))
@@ -482,17 +607,20 @@ class RubricBank:
             return ()
         now = self._clock()
         ranked = sorted(self.items(), key=lambda it: (retention(it, now, self.config.half_life_days), it.created_at))
-        victims = [it.id for it in ranked[:excess]]
+        victims = ranked[:excess]
         with chroma_errors("evict from the rubric bank", BankError):
-            for chunk in _chunks(victims, self._max_batch()):
+            for chunk in _chunks([it.id for it in victims], self._max_batch()):
                 self._collection.delete(ids=chunk)
-        return tuple(victims)
+        self._index_update(remove=[(it.question_sha, it.id) for it in victims])
+        return tuple(it.id for it in victims)
 
     def _max_batch(self) -> int:
-        try:
-            return int(self._client.get_max_batch_size())
-        except Exception:  # noqa: BLE001 - older servers lack the endpoint; Chroma's documented floor is safe
-            return 5000
+        if self._batch is None:
+            try:
+                self._batch = int(self._client.get_max_batch_size())
+            except Exception:  # noqa: BLE001 - older servers lack the endpoint; Chroma's documented floor is safe
+                self._batch = 5000
+        return self._batch
 
     # ---- export / import -----------------------------------------------------------------------------------
 

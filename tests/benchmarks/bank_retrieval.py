@@ -8,9 +8,17 @@ for Q held-out questions in the two ways the app can call it:
 - including query embedding: the question text is embedded with the bundled MiniLM first (what a research run does).
 
 Each retrieval is the full product path: the within-episode hash lookup, then the cross-episode top-k query that
-excludes the question's own hash. Half the timed questions are in the bank (within-episode hits).
+excludes the question's own hash. Half the timed questions are in the bank (within-episode hits); the new ones are
+all different, so the bank's query-embedding cache never answers a timed retrieval.
+
+--baseline also times the retrieval path the bank had before its question index (a metadata-filtered get, count,
+then the query, embedding with `encode`; `reference_retrieve` in tests/store/test_bank_equivalence.py) on the same
+questions in the same run, alternating which of the two goes first, and counts the retrievals whose results differ.
+`open_seconds` is the time to open the bank, which includes indexing a bank written before the question index.
+A within-episode hit embeds nothing, so `..._new_questions_only` gives the figures of the cross-episode half alone.
 
     .venv/bin/python tests/benchmarks/bank_retrieval.py [--items 100000] [--queries 200] [--dir DIR] [--out F.json]
+                                                        [--baseline]
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import chromadb
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 from store.config import BankConfig, StoreConfig  # noqa: E402
 from store.embeddings import embed_texts  # noqa: E402
-from store.records import BankItem  # noqa: E402
+from store.records import BankItem, Retrieval  # noqa: E402
 from store.rubric_bank import RubricBank  # noqa: E402
+from tests.store.test_bank_equivalence import encode_old, reference_retrieve, same_retrieval  # noqa: E402
 
 DIM = 384  # all-MiniLM-L6-v2
 TOPICS = 500
@@ -73,10 +83,14 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--dir", type=Path, help="data folder (default: a fresh temporary one); reused if it is filled")
     ap.add_argument("--out", type=Path, help="also write the numbers as JSON")
+    ap.add_argument("--baseline", action="store_true", help="also time the previous retrieval path, interleaved")
     args = ap.parse_args()
 
     data = args.dir or Path(tempfile.mkdtemp(prefix="bank-bench-"))
-    bank = RubricBank(StoreConfig(data_dir=data, bank=BankConfig(capacity=max(args.items, 1))))
+    config = StoreConfig(data_dir=data, bank=BankConfig(capacity=max(args.items, 1)))
+    t0 = time.perf_counter()
+    bank = RubricBank(config)
+    open_s = time.perf_counter() - t0
     items, vecs = synthetic(args.items)
     fill_s = 0.0
     if bank.count() < args.items:
@@ -94,26 +108,50 @@ def main() -> None:
 
     rng = np.random.default_rng(1)
     in_bank = rng.choice(args.items, args.queries // 2, replace=False)
-    new_q = [f"A new question on topic {int(t)}: which sources disagree?" for t in rng.integers(0, TOPICS, args.queries
-                                                                                                 - len(in_bank))]
+    new_q = [f"A new question {n} on topic {int(t)}: which sources disagree?"
+             for n, t in enumerate(rng.integers(0, TOPICS, args.queries - len(in_bank)))]
     questions = [items[int(i)].question for i in in_bank] + new_q
     query_vecs = np.concatenate([vecs[in_bank], vecs[rng.integers(0, args.items, len(new_q))]])
     embed_texts(["warm-up"])  # load MiniLM before timing
-    bank.retrieve(questions[0], embedding=query_vecs[0])  # warm the HNSW index into memory
 
-    excl, incl, modes = [], [], {"within": 0, "cross": 0, "none": 0}
-    for q, v in zip(questions, query_vecs, strict=True):
-        t0 = time.perf_counter()
-        r = bank.retrieve(q, embedding=v)
-        excl.append(time.perf_counter() - t0)
-        modes[r.mode] += 1
-        t0 = time.perf_counter()
-        bank.retrieve(q)
-        incl.append(time.perf_counter() - t0)
-    result = {
-        "items": bank.count(), "queries": len(questions), "fill_seconds": round(fill_s, 1), "modes": modes,
-        "excluding_query_embedding": percentiles(excl), "including_query_embedding": percentiles(incl),
+    collection = chromadb.PersistentClient(path=str(config.chroma_path)).get_collection(config.bank.collection)
+    knobs = {"top_k": bank.config.top_k, "min_similarity": bank.config.min_similarity}
+    uncached = encode_old.__wrapped__  # the reference's own embedding, never from its test-time cache
+
+    def new(q: str, v: np.ndarray | None) -> Retrieval:
+        return bank.retrieve(q, embedding=v)
+
+    def old(q: str, v: np.ndarray | None) -> Retrieval:
+        return reference_retrieve(collection, q, embedding=v, embed=uncached, **knobs)  # type: ignore[arg-type]
+
+    paths = {"new": new, "old": old} if args.baseline else {"new": new}
+    for warm in paths.values():
+        warm(questions[0], query_vecs[0])  # the HNSW index into memory
+    times: dict[str, dict[str, list[float]]] = {p: {"excl": [], "incl": []} for p in paths}
+    modes, differ = {"within": 0, "cross": 0, "none": 0}, 0
+    for n, (q, v) in enumerate(zip(questions, query_vecs, strict=True)):
+        for phase, given in (("excl", v), ("incl", None)):
+            got = {}
+            for name in sorted(paths, reverse=n % 2 == 1):  # alternate which path runs first
+                t0 = time.perf_counter()
+                got[name] = paths[name](q, given)
+                times[name][phase].append(time.perf_counter() - t0)
+            differ += args.baseline and not same_retrieval(got["new"], got["old"])
+            if phase == "excl":
+                modes[got["new"].mode] += 1
+
+    def figures(path: str) -> dict[str, dict[str, float]]:
+        excl, incl = times[path]["excl"], times[path]["incl"]
+        return {"excluding_query_embedding": percentiles(excl), "including_query_embedding": percentiles(incl),
+                "including_query_embedding_new_questions_only": percentiles(incl[len(in_bank):])}
+
+    result: dict[str, object] = {
+        "items": bank.count(), "queries": len(questions), "fill_seconds": round(fill_s, 1),
+        "open_seconds": round(open_s, 2), "modes": modes, **figures("new"),
     }
+    if args.baseline:
+        result["baseline"] = figures("old")
+        result["retrievals_that_differ"] = int(differ)
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
