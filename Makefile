@@ -29,6 +29,11 @@ $(STAMP): pyproject.toml Makefile
 	command -v chromium >/dev/null || { apt-get install -y -qq chromium >/dev/null 2>&1 || \
 	  { apt-get update -qq && apt-get install -y -qq chromium; } || \
 	  echo "warning: could not install chromium (root and apt needed); the browser test will be skipped"; }
+	@# The store tests start a real PostgreSQL server from Debian's binaries (initdb lives in /usr/lib/postgresql/N/bin).
+	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { apt-get install -y -qq postgresql >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq postgresql; } || \
+	  echo "warning: could not install postgresql (root and apt needed); the PostgreSQL store tests will be skipped"; }
 	touch $(STAMP)
 
 demo: install

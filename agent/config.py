@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 from store.records import Stage
 
@@ -46,6 +47,55 @@ class RunOptions(BaseModel):
     context_tokens: int = Field(
         default=8192, ge=512, description="Policy context window; research stops early to leave room for review+answer."
     )
+
+
+MCP_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+"""Tool names the scaffold can carry in `<call_tool name="...">` (the MCP spec allows the same characters)."""
+
+
+class McpServerConfig(BaseModel):
+    """One MCP server whose tools the agent may call: a stdio command or a streamable-HTTP URL.
+
+    Header, token and environment values are secrets: they reach the server only, never a prompt, a log line or the
+    session store.
+    """
+
+    model_config = {"frozen": True, "extra": "forbid"}
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,40}$", description="Label used in messages and source titles.")
+    command: str | None = Field(default=None, description="stdio: the executable that starts the server.")
+    args: list[str] = Field(default_factory=list, description="stdio: its arguments.")
+    env: dict[str, SecretStr] = Field(default_factory=dict, description="stdio: extra environment variables.")
+    cwd: Path | None = Field(default=None, description="stdio: working directory.")
+    url: str | None = Field(default=None, description="streamable HTTP: the endpoint, e.g. http://127.0.0.1:8000/mcp.")
+    headers: dict[str, SecretStr] = Field(default_factory=dict, description="HTTP: extra request headers.")
+    bearer_token: SecretStr | None = Field(default=None, description="HTTP: sent as `Authorization: Bearer ...`.")
+    tools: list[str] | None = Field(default=None, description="Allow-list of the server's tool names (None: all).")
+    prefix: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]{0,20}$",
+                        description="Put before each of its tool names, e.g. `docs_` (avoids name collisions).")
+    timeout_s: float = Field(default=30.0, gt=0, le=600, description="Limit of one call, connecting included.")
+    max_results: int = Field(default=5, ge=1, le=20, description="Content items kept (as snippets) per call.")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("an MCP server url must be an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError(f"MCP server {self.name!r}: give exactly one of `command` (stdio) or `url` (HTTP)")
+        if self.url is None and (self.headers or self.bearer_token is not None):
+            raise ValueError(f"MCP server {self.name!r}: headers and bearer_token apply to HTTP servers only")
+        if self.command is not None and not self.command.strip():
+            raise ValueError(f"MCP server {self.name!r}: `command` is empty")
+        for tool in self.tools or ():
+            if not MCP_TOOL_NAME.match(self.prefix + tool):
+                raise ValueError(f"MCP server {self.name!r}: {tool!r} is not a usable tool name "
+                                 "(letters, digits, _ . - only, at most 64 characters with the prefix)")
+        return self
 
 
 class AgentConfig(BaseModel):
@@ -94,9 +144,16 @@ class AgentConfig(BaseModel):
     browse_max_bytes: int = Field(default=2_000_000, ge=1024)
     browse_max_redirects: int = Field(default=5, ge=0, le=20)
     search_results: int = Field(default=5, ge=1, le=20, description="Results kept per web search call.")
+    mcp_servers: list[McpServerConfig] = Field(
+        default_factory=list, description="MCP servers whose tools the agent may call, as a JSON list of "
+        '{"name", "command", "args", "env", "url", "headers", "bearer_token", "tools", "prefix", "timeout_s", '
+        '"max_results"} (README, MCP).')
 
     @model_validator(mode="after")
     def _check(self) -> AgentConfig:
         if self.policy_base_url.rstrip("/").endswith("/v1"):
             raise ValueError("policy_base_url is the server root; drop the trailing /v1 (the client adds it)")
+        names = [s.name for s in self.mcp_servers]
+        if len(names) != len(set(names)):
+            raise ValueError(f"mcp_servers: each server needs its own name, got {names}")
         return self

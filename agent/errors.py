@@ -10,7 +10,9 @@
     │   └── ContextTooLong    the prompt no longer fits the model's context
     ├── ToolError             a tool failed; the graph turns it into <tool_output> text for the model
     │   ├── SearchError       a search backend timed out, answered 5xx or malformed JSON
-    │   └── UnsafeURLError    browse_webpage refused a URL (SSRF guard)
+    │   ├── UnsafeURLError    browse_webpage refused a URL (SSRF guard)
+    │   └── McpToolError      an MCP server was down, slow, answered an error or unreadable content
+    ├── ToolConfigError       the tool settings cannot work (a tool name taken twice, an unusable MCP entry)
     ├── IngestError           a file given to `rubricem ingest` could not be read; nothing was changed
     └── BudgetExceeded        the wall-clock limit of a run was hit
 
@@ -67,6 +69,14 @@ class SearchError(ToolError):
 
 class UnsafeURLError(ToolError):
     """A URL was refused by the SSRF guard (scheme, private/loopback/metadata address, redirect, size)."""
+
+
+class McpToolError(ToolError):
+    """A tool served by an MCP server failed: unreachable, too slow, an error result or content it cannot read."""
+
+
+class ToolConfigError(AgentError):
+    """The configured tools cannot be offered as they are (the message says what to change); raised at start."""
 
 
 class IngestError(AgentError):

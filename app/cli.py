@@ -1,4 +1,4 @@
-"""The `rubricem` command: ask, ingest, sessions, judge, eval, bank.
+"""The `rubricem` command: ask, ingest, sessions, judge, eval, bank, ... and mcp (app/cli_*.py).
 
 Exit codes: 0 success, 1 the run failed (the session is marked failed in the log), 2 bad input or configuration.
 Progress goes to stderr; reports and listings go to stdout (so `rubricem ask ... > report.md` works).
@@ -16,7 +16,7 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from agent.errors import AgentError, IngestError, InputError
-from app import cli_bank, cli_batch, cli_deeprubric, cli_loop, cli_sft, cli_train, cli_ui
+from app import cli_bank, cli_batch, cli_deeprubric, cli_loop, cli_mcp, cli_sft, cli_train, cli_ui
 from app.cli_common import Progress
 from app.cli_common import run_options as _run_options
 from app.container import ConfigurationError
@@ -111,7 +111,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     from store.session_log import SessionLog
 
     settings = Settings()
-    log = SessionLog(settings.store.sqlite_path)
+    log = SessionLog.from_config(settings.store)
     if args.action == "list":
         rows = log.list_sessions(limit=args.limit, status=args.status, sources=args.source)
         if not rows:
@@ -151,7 +151,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     settings = Settings()
     progress = Progress()
     since = _parse_date(args.since) if args.since else None
-    log = SessionLog(settings.store.sqlite_path)
+    log = SessionLog.from_config(settings.store)
     judge = build_judge(settings, log, say=progress.say)
 
     async def go() -> Any:
@@ -314,6 +314,7 @@ def parser() -> argparse.ArgumentParser:
     cli_loop.add_parsers(sub)
     cli_batch.add_parsers(sub)
     cli_ui.add_parsers(sub)
+    cli_mcp.add_parsers(sub)
     return p
 
 

@@ -29,7 +29,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
     from store.registry import Registry
     from store.session_log import SessionLog
 
-    reg = Registry(SessionLog(Settings().store.sqlite_path))
+    reg = Registry(SessionLog.from_config(Settings().store))
     live = reg.live().name
     for v in reg.versions():
         mark = "*" if v.name == live else " "
@@ -52,7 +52,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from store.session_log import SessionLog
 
     settings = Settings()
-    reg = Registry(SessionLog(settings.store.sqlite_path))
+    reg = Registry(SessionLog.from_config(settings.store))
     version, old = reg.get(args.version), reg.live()
     asyncio.run(_activate(settings, version, old))
     change = reg.promote(version.name, args.reason or "promoted by hand")
@@ -66,7 +66,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from store.session_log import SessionLog
 
     settings = Settings()
-    reg = Registry(SessionLog(settings.store.sqlite_path))
+    reg = Registry(SessionLog.from_config(settings.store))
     change = reg.rollback(args.reason or "rolled back by hand")
     asyncio.run(_activate(settings, reg.get(change.version), reg.get(change.previous or change.version)))
     print(f"live: {change.previous} -> {change.version}")

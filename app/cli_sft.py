@@ -120,7 +120,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if plot is not None:
         say(f"loss curve: {plot}")
     if args.register and result.steps == result.meta["total_steps"]:
-        registry = Registry(SessionLog(settings.store.sqlite_path))
+        registry = Registry(SessionLog.from_config(settings.store))
         version = registry.register(result.adapter, parent="base", training_run=f"sft:{result.meta['version']}",
                                     data_window={"kind": "sft", "data_sha": result.meta["data_sha"],
                                                  "examples": result.meta["examples"]})
@@ -138,7 +138,7 @@ def resolve_adapter(value: str, settings: Settings) -> Path:
     from store.registry import Registry
     from store.session_log import SessionLog
 
-    version = Registry(SessionLog(settings.store.sqlite_path)).get(value)
+    version = Registry(SessionLog.from_config(settings.store)).get(value)
     if not version.adapter_path:
         raise ValueError(f"{value} has no adapter (it is the base model)")
     return Path(version.adapter_path)

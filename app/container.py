@@ -15,11 +15,12 @@ from typing import Any
 from chromadb.api import ClientAPI
 
 from agent.config import SHIPPED_SFT_ADAPTER
-from agent.errors import AgentError
+from agent.errors import AgentError, ToolConfigError
 from agent.ingest import DEMO_SOURCE_PREFIX, ensure_demo_corpus
 from agent.policy import LlamaCppPolicyClient, VLLMPolicyClient
 from agent.protocols import PolicyClient, SearchTool
-from agent.tools.registry import build_tools
+from agent.tools.mcp_client import discover_sync
+from agent.tools.registry import BUILTIN_TOOL_NAMES, build_tools
 from app.service import ResearchService, adapter_version
 from app.settings import Settings
 from store.doc_index import DocIndex, open_index_client
@@ -104,6 +105,27 @@ def ensure_corpus(index: DocIndex, say: Say = lambda _m: None, progress: Progres
     ensure_demo_corpus(index, progress=progress)
 
 
+def build_mcp_tools(settings: Settings, builtin: dict[str, SearchTool], say: Say = lambda _m: None
+                    ) -> dict[str, SearchTool]:
+    """The configured MCP servers' tools (serving only: training and rollouts use the built-in tools).
+
+    A server that cannot be listed is left out with a message through `say`; a tool name taken twice is a
+    ConfigurationError, raised before anything is served.
+    """
+    cfg = settings.agent
+    if not cfg.mcp_servers:
+        return {}
+    say(f"Listing the tools of {len(cfg.mcp_servers)} MCP server(s)...")
+    try:
+        found = discover_sync(cfg.mcp_servers, BUILTIN_TOOL_NAMES | set(builtin), snippet_chars=cfg.snippet_chars,
+                              say=say)
+    except ToolConfigError as exc:
+        raise ConfigurationError(str(exc)) from exc
+    if found:
+        say(f"MCP tools offered: {', '.join(sorted(found))}")
+    return dict(found)
+
+
 @dataclass
 class Services:
     """Everything the entry points use."""
@@ -123,12 +145,13 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
     settings = settings or Settings()
     settings.store.data_dir.mkdir(parents=True, exist_ok=True)
     policy = build_policy(settings, say)  # configuration errors surface before any indexing work
-    log = SessionLog(settings.store.sqlite_path)
+    log = SessionLog.from_config(settings.store)
     client = open_index_client(settings.store)
     index = open_index(settings, client)
     bank = open_bank(settings, client)
     ensure_corpus(index, say, progress)
     tools = build_tools(settings.agent, index)
+    tools.update(build_mcp_tools(settings, tools, say))
     registry = Registry(log)
     embed = partial(embed_texts, model_name=settings.store.embedding_model) if settings.agent.attribute_uncited else None
     research = ResearchService(policy, tools, log, settings.agent, bank, live=registry, embed=embed,

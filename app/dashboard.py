@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from store.db import Backend, json_number
 from store.errors import InvalidInput
 from store.records import STAGES, Stage
 from store.registry import BASE, Cycle, PolicyVersion, Registry
@@ -242,16 +243,17 @@ def cycle_rows(registry: Registry, limit: int = 50) -> list[CycleRow]:
     return [_cycle_row(c) for c in registry.cycles(limit)]
 
 
-# The latest "ok" judgement per completed session (one point per session, however many judges looked at it), with
-# only the four stage scores pulled out of the payload, so no trajectory or rubric justification is loaded.
-_POINTS_SQL = (
-    "SELECT s.session_id, s.created_at, s.policy_version, j.judge_kind, "
-    + ", ".join(f"json_extract(j.payload_json, '$.stages.{s}.score')" for s in STAGES)
-    + " FROM sessions s JOIN judgements j ON j.session_id = s.session_id "
-    "WHERE s.status = 'completed' AND j.status = 'ok' AND j.judgement_id = ("
-    "SELECT MAX(k.judgement_id) FROM judgements k WHERE k.session_id = s.session_id AND k.status = 'ok') "
-    "ORDER BY s.created_at, s.rowid"
-)
+def _points_sql(backend: Backend) -> str:
+    """The latest "ok" judgement per completed session (one point per session, however many judges looked at it),
+    with only the four stage scores pulled out of the payload, so no trajectory or rubric justification is loaded."""
+    return (
+        "SELECT s.session_id, s.created_at, s.policy_version, j.judge_kind, "
+        + ", ".join(json_number(backend, "j.payload_json", "stages", s, "score") for s in STAGES)
+        + " FROM sessions s JOIN judgements j ON j.session_id = s.session_id "
+        "WHERE s.status = 'completed' AND j.status = 'ok' AND j.judgement_id = ("
+        "SELECT MAX(k.judgement_id) FROM judgements k WHERE k.session_id = s.session_id AND k.status = 'ok') "
+        "ORDER BY s.created_at, s.rowid"
+    )
 
 
 def stage_reward_points(log: SessionLog) -> list[StagePoint]:
@@ -264,7 +266,7 @@ def stage_reward_points(log: SessionLog) -> list[StagePoint]:
         log: The session log.
     """
     with log.transaction(write=False) as conn:
-        rows = conn.execute(_POINTS_SQL).fetchall()
+        rows = conn.execute(_points_sql(log.backend)).fetchall()
     return [
         StagePoint(session_id=str(r[0]), created_at=str(r[1]), policy_version=str(r[2]), judge_kind=str(r[3]),
                    scores={s: _number(v) for s, v in zip(STAGES, r[4:], strict=True)})
@@ -328,9 +330,9 @@ def bank_size(bank: BankSource) -> int | None:
 
 _SESSION_COUNTS_SQL = (
     "SELECT COUNT(*), "
-    "COALESCE(SUM(s.status = 'completed'), 0), "
-    "COALESCE(SUM(s.status = 'completed' AND EXISTS (SELECT 1 FROM judgements j "
-    "WHERE j.session_id = s.session_id AND j.status = 'ok')), 0) "
+    "COALESCE(SUM(CASE WHEN s.status = 'completed' THEN 1 ELSE 0 END), 0), "
+    "COALESCE(SUM(CASE WHEN s.status = 'completed' AND EXISTS (SELECT 1 FROM judgements j "
+    "WHERE j.session_id = s.session_id AND j.status = 'ok') THEN 1 ELSE 0 END), 0) "
     "FROM sessions s"
 )
 

@@ -44,7 +44,8 @@ def _held_out_judge(settings: Settings, log: SessionLog) -> Any:
         model = retrain.eval_judge_model or settings.learning.judge.model
         gate_settings = settings.model_copy(update={"learning": settings.learning.model_copy(update={
             "judge": settings.learning.judge.model_copy(update={"model": model})})})
-        gate_log = SessionLog(log.path.with_name("gate-rubrics.sqlite3"))  # fresh rubric buffers, not training's
+        # Fresh rubric buffers, not training's: a local scratch file beside the store, whichever backend it uses.
+        gate_log = SessionLog(settings.store.data_dir / "gate-rubrics.sqlite3")
         return LLMJudge(build_judge_client(gate_settings), gate_log,
                         trajectory_chars=settings.learning.judge.trajectory_chars)
     from learning.judge.offline import OfflineJudge
@@ -66,7 +67,7 @@ class RetrainApp:
     def __init__(self, settings: Settings, say: Say = lambda _m: None) -> None:
         """Open the session log, registry, judges and (lazily) the probe policy."""
         self.settings, self.say = settings, say
-        self.log = SessionLog(settings.store.sqlite_path)
+        self.log = SessionLog.from_config(settings.store)
         self.registry = Registry(self.log)
         self.index = open_index(settings)
         ensure_corpus(self.index, say)

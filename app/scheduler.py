@@ -1,6 +1,7 @@
 """Periodic retraining: APScheduler runs the cycle on a cron or interval from settings, only with enough new
-sessions, never two at once (an exclusive file lock on DATA_DIR/retrain.lock, so also across processes), and every
-run is recorded in the registry's cycles (skips included, with their reason)."""
+sessions, never two at once (the cycle lock: an exclusive file lock on DATA_DIR/retrain.lock across the processes of
+one host, or a PostgreSQL advisory lock across hosts when the store is PostgreSQL), and every run is recorded in the
+registry's cycles (skips included, with their reason)."""
 
 from __future__ import annotations
 
@@ -15,20 +16,44 @@ from typing import Any
 
 from app.container import Say
 from app.settings import Settings
+from store.config import StoreConfig
+from store.db import advisory_lock
+from store.errors import LockHeld
 
 _log = logging.getLogger(__name__)
 
 
+_CYCLE_LOCK = "rubricem.retrain_cycle"
+
+
 class CycleLocked(RuntimeError):
-    """Another process is running a retraining cycle."""
+    """Another process (or, with a PostgreSQL store, another host) is running a retraining cycle."""
 
 
 @contextlib.contextmanager
-def cycle_lock(data_dir: Path) -> Iterator[None]:
-    """Hold DATA_DIR/retrain.lock exclusively for one cycle (raises CycleLocked at once if another holds it).
+def cycle_lock(store: StoreConfig) -> Iterator[None]:
+    """Hold the store's cycle lock for one cycle (raises CycleLocked at once if another holds it).
 
-    flock locks belong to the open file: they are released when the holder exits, even if it is killed.
+    With a PostgreSQL store it is an advisory lock of that database, held on a connection of its own, so schedulers
+    on several hosts share it; it is released when its holder dies (at once with the process, within about a minute
+    with the host: `store.db.postgres.advisory_lock`). Otherwise it is DATA_DIR/retrain.lock, for the processes of one
+    host.
     """
+    with contextlib.ExitStack() as held:
+        if store.database_url is None:
+            held.enter_context(_file_lock(store.data_dir))
+        else:
+            try:
+                held.enter_context(advisory_lock(store.database_url, _CYCLE_LOCK))
+            except LockHeld as exc:
+                raise CycleLocked(f"another retraining cycle is running ({exc})") from exc
+        yield
+
+
+@contextlib.contextmanager
+def _file_lock(data_dir: Path) -> Iterator[None]:
+    """Hold DATA_DIR/retrain.lock exclusively (flock locks belong to the open file: they are released when the
+    holder exits, even if it is killed)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(str(data_dir / "retrain.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -49,7 +74,7 @@ async def run_cycle(settings: Settings, *, trigger: str, force: bool, say: Say =
     from learning.pipeline import retrain
 
     try:
-        with cycle_lock(settings.store.data_dir):
+        with cycle_lock(settings.store):
             app = RetrainApp(settings, say)
             try:
                 return await retrain(app.parts(), settings.learning.retrain, trigger=trigger, force=force, say=say)
@@ -60,7 +85,7 @@ async def run_cycle(settings: Settings, *, trigger: str, force: bool, say: Say =
             from store.registry import Registry
             from store.session_log import SessionLog
 
-            Registry(SessionLog(settings.store.sqlite_path)).record_skip(trigger, str(exc), {})
+            Registry(SessionLog.from_config(settings.store)).record_skip(trigger, str(exc), {})
         raise
 
 
@@ -86,8 +111,8 @@ def build_scheduler(settings: Settings, blocking: bool = True) -> Any:
     trigger = (IntervalTrigger(minutes=cfg.interval_minutes) if cfg.interval_minutes > 0
                else CronTrigger.from_crontab(cfg.cron, timezone="UTC"))
     sched = BlockingScheduler(timezone="UTC") if blocking else BackgroundScheduler(timezone="UTC")
-    # max_instances=1 + coalesce: a slow cycle never overlaps the next tick in this process; the file lock
-    # covers other processes.
+    # max_instances=1 + coalesce: a slow cycle never overlaps the next tick in this process; the cycle lock
+    # covers other processes (and other hosts with a PostgreSQL store).
     sched.add_job(scheduled_job, trigger, args=[settings], id="retrain", max_instances=1, coalesce=True,
                   misfire_grace_time=3600)
     return sched

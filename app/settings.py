@@ -7,6 +7,7 @@ Every variable is listed in .env.example.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -40,6 +41,26 @@ class UIConfig(BaseModel):
         return value
 
 
+class McpServeConfig(BaseModel):
+    """`rubricem mcp`, the agent as an MCP server (env: RUBRICEM_MCP__<FIELD>)."""
+
+    transport: Literal["stdio", "http"] = Field(default="stdio", description="stdio (a desktop client starts the "
+                                                "process) or http (streamable HTTP on host:port).")
+    host: str = Field(default="127.0.0.1", description="Address the HTTP transport binds; not loopback needs a token.")
+    port: int = Field(default=8765, ge=1, le=65535, description="Port of the HTTP transport.")
+    path: str = Field(default="/mcp", pattern=r"^/[A-Za-z0-9_./-]*$", description="Endpoint path of the HTTP "
+                      "transport.")
+    token: SecretStr | None = Field(default=None, description="Bearer token HTTP clients must send (required off "
+                                    "loopback).")
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """An empty token means none, never "authenticate with ''"."""
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        return None if isinstance(text, str) and not text.strip() else value
+
+
 class Settings(BaseSettings):
     """All configuration of the application."""
 
@@ -51,6 +72,7 @@ class Settings(BaseSettings):
     learning: LearningConfig = LearningConfig()
     store: StoreConfig = StoreConfig()
     ui: UIConfig = UIConfig()
+    mcp: McpServeConfig = McpServeConfig()
 
 
 def _env_lines(model: type[BaseModel], prefix: str) -> list[str]:

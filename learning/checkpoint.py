@@ -2,6 +2,11 @@
 judgements, rubric buffers, reflection candidates), the run's rubric bank and the loop state (step, deferred
 reflection batches), written to a temporary folder and renamed into place, so a crash never leaves a half checkpoint
 that looks complete. A folder without a readable `state.json` naming its own step is corrupt and is skipped.
+
+The session log is copied only when it is a SQLite file, which a training run's own log always is (`app.training`
+opens RUN/rollouts.sqlite3 whatever the store's backend). A log on PostgreSQL is a shared database, not a run's
+private file: it is never copied or rolled back (restoring a snapshot would erase what other writers added since), so
+such a checkpoint records that nothing was copied and a resumed run keeps the rows of the interrupted step.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from store.session_log import SessionLog
 STATE = "state.json"
 LOG_COPY = "session_log.sqlite3"
 BANK_COPY = "bank.jsonl"
+_LOG_NOT_COPIED = "log_not_copied"  # state key of a checkpoint whose session log is on PostgreSQL
 
 
 class CheckpointError(LearningError):
@@ -41,7 +47,8 @@ class Checkpoint:
             accelerator.load_state(str(self.path / "accelerate"))
         except Exception as exc:  # noqa: BLE001 - any failure here means the checkpoint is unusable
             raise CheckpointError(f"checkpoint {self.path} could not be loaded: {type(exc).__name__}: {exc}") from exc
-        _restore_sqlite(self.path / LOG_COPY, log.path)
+        if log.path is not None and not self.state.get(_LOG_NOT_COPIED):
+            _restore_sqlite(self.path / LOG_COPY, log.path)
         if bank is not None and (self.path / BANK_COPY).exists():
             bank.clear()
             bank.import_jsonl(self.path / BANK_COPY)
@@ -69,13 +76,16 @@ def save_checkpoint(root: Path, step: int, accelerator: Any, log: SessionLog, ba
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp / "accelerate"))
     if accelerator.is_main_process:
-        source = sqlite3.connect(str(log.path), timeout=30)
-        target = sqlite3.connect(str(tmp / LOG_COPY))
-        try:
-            source.backup(target)
-        finally:
-            source.close()
-            target.close()
+        if log.path is None:
+            state = state | {_LOG_NOT_COPIED: log.location}
+        else:
+            source = sqlite3.connect(str(log.path), timeout=30)
+            target = sqlite3.connect(str(tmp / LOG_COPY))
+            try:
+                source.backup(target)
+            finally:
+                source.close()
+                target.close()
         if bank is not None:
             bank.export_jsonl(tmp / BANK_COPY)
         (tmp / STATE).write_text(json.dumps(state | {"step": step}, indent=2))
@@ -90,7 +100,8 @@ def _read(path: Path) -> Checkpoint | None:
         step = int(state["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if path.name != f"step-{step:06d}" or not (path / "accelerate").is_dir() or not (path / LOG_COPY).is_file():
+    has_log = (path / LOG_COPY).is_file() or bool(state.get(_LOG_NOT_COPIED))
+    if path.name != f"step-{step:06d}" or not (path / "accelerate").is_dir() or not has_log:
         return None
     return Checkpoint(path, step, state)
 

@@ -1,4 +1,5 @@
-"""Persistence layer: the shared record types, store settings, the SQLite session log and the store errors.
+"""Persistence layer: the shared record types, store settings, the session log (SQLite or PostgreSQL) and the store
+errors.
 
 Imports nothing from the rest of the project and never imports torch (checked by the boundary tests).
 """
@@ -7,6 +8,7 @@ from store.config import StoreConfig
 from store.errors import (
     DuplicateSession,
     InvalidInput,
+    LockHeld,
     MigrationError,
     SessionNotCompleted,
     SessionNotFound,
@@ -16,6 +18,7 @@ from store.errors import (
     StoreBusy,
     StoreClosed,
     StoreError,
+    StoreUnreachable,
 )
 from store.records import (
     STAGES,
@@ -41,6 +44,7 @@ __all__ = [
     "DuplicateSession",
     "FinishReason",
     "InvalidInput",
+    "LockHeld",
     "MigrationError",
     "PromptRecord",
     "STAGES",
@@ -59,6 +63,7 @@ __all__ = [
     "StoreClosed",
     "StoreConfig",
     "StoreError",
+    "StoreUnreachable",
     "TokenSource",
     "ToolCallRecord",
     "Trajectory",

@@ -1,11 +1,11 @@
-"""Store settings section: where the SQLite session log, Chroma collections and caches live."""
+"""Store settings section: where the session log (SQLite, or PostgreSQL), Chroma collections and caches live."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
 
 class BankConfig(BaseModel):
@@ -40,6 +40,12 @@ class StoreConfig(BaseModel):
         default=Path.home() / ".rubricem",
         description="Folder for the session log, the embedded Chroma database and model caches.",
     )
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="PostgreSQL store, postgresql://user:password@host:5432/db: the session log, registry and chat "
+        "threads live there (migrated on first use) and the retraining cycle lock is a PostgreSQL advisory lock, so "
+        "schedulers on several hosts run one cycle at a time; empty = SQLite in data_dir.",
+    )
     chroma_mode: Literal["embedded", "server"] = Field(
         default="embedded", description="embedded: Chroma PersistentClient under data_dir; server: a `chroma run` server."
     )
@@ -53,9 +59,17 @@ class StoreConfig(BaseModel):
 
     bank: BankConfig = BankConfig()
 
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """An empty URL (e.g. `RUBRICEM_STORE__DATABASE_URL=` from compose) means SQLite, not a broken URL."""
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        return None if isinstance(value, str) and not value.strip() else value
+
     @property
     def sqlite_path(self) -> Path:
-        """The session log database file."""
+        """The session log database file (when no database_url is set)."""
         return self.data_dir / "rubricem.sqlite3"
 
     @property

@@ -1,4 +1,4 @@
-"""Store error hierarchy: every failure of the persistence layer is one of these, never a bare sqlite3 error.
+"""Store error hierarchy: every failure of the persistence layer is one of these, never a bare sqlite3/psycopg error.
 
     StoreError
     ├── InvalidInput           a value cannot be stored or queried as given (nothing written); a ValueError
@@ -8,9 +8,14 @@
     │   ├── SessionNotRunning  writing turns / flags to, or finishing, a session that already finished
     │   └── SessionNotCompleted  judging a session that is not "completed"
     ├── MigrationError         a schema migration failed (and was rolled back), or the schema is unknown
-    ├── StorageError           SQLite itself failed: unreadable or corrupt file, disk full, I/O error
-    │   └── StoreBusy          the database stayed locked by another writer past busy_timeout
+    ├── StorageError           the database failed: unreadable or corrupt SQLite file, disk full, I/O error, a
+    │   │                      PostgreSQL error or lost connection
+    │   ├── StoreBusy          the database stayed locked by another writer past busy_timeout
+    │   └── StoreUnreachable   the PostgreSQL server cannot be reached, refuses the login or has no such database
+    ├── LockHeld               a named lock (the retraining cycle's) is held by another session
     └── StoreClosed            the store was used after close()
+
+Messages never contain a database password.
 
 The service catches `StoreError` once (a system failure) and marks the run failed where it still can.
 """
@@ -68,11 +73,21 @@ class MigrationError(StoreError):
 
 
 class StorageError(StoreError):
-    """SQLite reported an error: the file is unreadable or not a database, the disk is full, an I/O error."""
+    """The database reported an error: an unreadable SQLite file or not a database, disk full, I/O error, a
+    PostgreSQL error or a lost connection."""
 
 
 class StoreBusy(StorageError):
     """Another connection held the write lock for longer than busy_timeout."""
+
+
+class StoreUnreachable(StorageError):
+    """The PostgreSQL store cannot be reached or refuses the connection (server down, wrong password, no such
+    database); raised when the store is opened, before anything is written."""
+
+
+class LockHeld(StoreError):
+    """Another session holds the named lock (e.g. another host runs the retraining cycle)."""
 
 
 class StoreClosed(StoreError):

@@ -1,6 +1,7 @@
 """The policy registry: versions `policy@N` (adapter, parent, training run, data window, evaluation report), the
 `live` alias with its promotion/rollback history, retraining cycles and the training opt-out, in the session log's
-SQLite database (one file, one backup, one transaction scope).
+database, SQLite or PostgreSQL (one database, one backup, one transaction scope: `live` flips in one transaction
+with its history row).
 
 `base` (number 0, no adapter) is registered and live on first use. A version's adapter must be a complete folder
 before it is registered (adapters are written atomically), so the live alias can never point at a half-written one.
@@ -9,13 +10,13 @@ before it is registered (adapters are written atomically), so the live alias can
 from __future__ import annotations
 
 import json
-import sqlite3
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from store.db import Connection
 from store.errors import InvalidInput, StoreError
 from store.session_log import SessionLog
 
@@ -202,7 +203,7 @@ class Registry:
                 raise RegistryError(f"live is {current} and there is no earlier live version to roll back to")
             return self._move(conn, str(target), "rollback", reason)
 
-    def _move(self, conn: sqlite3.Connection, name: str, action: str, reason: str) -> AliasChange:
+    def _move(self, conn: Connection, name: str, action: str, reason: str) -> AliasChange:
         now = self.log.now()
         previous = conn.execute("SELECT version FROM policy_aliases WHERE alias = ?", (LIVE,)).fetchone()[0]
         conn.execute("UPDATE policy_aliases SET version = ?, updated_at = ? WHERE alias = ?", (name, now, LIVE))

@@ -6,7 +6,6 @@ records where it was asked so the UI can reopen the conversation.
 
 from __future__ import annotations
 
-import sqlite3
 import uuid
 
 from store.errors import StoreError
@@ -39,16 +38,17 @@ class ChatThreads:
         with self.log.transaction(write=True) as conn:
             if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is None:
                 raise ThreadError(f"unknown session {session_id!r}")
+            # Checked before the insert (under the write lock, so no race): a failed statement would abort a
+            # PostgreSQL transaction, and the check reads the same on both backends.
+            if conn.execute("SELECT 1 FROM chat_threads WHERE session_id = ?", (session_id,)).fetchone():
+                raise ThreadError(f"session {session_id!r} already belongs to a thread")
             (position,) = conn.execute(
                 "SELECT COALESCE(MAX(position) + 1, 0) FROM chat_threads WHERE thread_id = ?", (thread_id,)
             ).fetchone()
-            try:
-                conn.execute(
-                    "INSERT INTO chat_threads (session_id, thread_id, position, created_at) VALUES (?, ?, ?, ?)",
-                    (session_id, thread_id, position, self.log.now()),
-                )
-            except sqlite3.IntegrityError as exc:
-                raise ThreadError(f"session {session_id!r} already belongs to a thread") from exc
+            conn.execute(
+                "INSERT INTO chat_threads (session_id, thread_id, position, created_at) VALUES (?, ?, ?, ?)",
+                (session_id, thread_id, position, self.log.now()),
+            )
         return int(position)
 
     def sessions(self, thread_id: str) -> list[str]:

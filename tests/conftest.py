@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: the converted SmolLM2 folder, one embedded policy per run and a real llama.cpp server.
+"""Shared pytest fixtures: the converted SmolLM2 folder, one embedded policy per run, a real llama.cpp server and a
+real PostgreSQL server (a fresh database per test).
 
 The environment is forced offline at import, before any test module imports transformers.
 """
@@ -10,10 +11,14 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.servers import free_port, server_process
+
+if TYPE_CHECKING:
+    from tests.postgres import PostgresServer
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # hub lookups fail at once instead of timing out (no hub on this network)
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -104,6 +109,33 @@ def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     with server_process("chroma server", cmd, f"http://127.0.0.1:{port}/api/v2/heartbeat",
                         data.parent / f"chroma-server-{port}.log", CHROMA_START_TIMEOUT_S):
         yield "127.0.0.1", port
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the whole run (tests/postgres.py), started on first use and stopped at the end;
+    the test is skipped, with the reason, where the server binaries are missing."""
+    from tests.postgres import PostgresServer, why_unavailable
+
+    reason = why_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    server = PostgresServer()
+    try:
+        server.start()
+    except RuntimeError as exc:
+        server.stop()
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """The URL (with its password) of a fresh, empty database on the test server; dropped after the test."""
+    name = postgres_server.create_database()
+    yield postgres_server.url(name)
+    postgres_server.drop_database(name)
 
 
 @pytest.fixture

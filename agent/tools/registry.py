@@ -14,6 +14,9 @@ from agent.tools.serper import GoogleSearch
 from agent.tools.web import WebPageFetcher
 from store.doc_index import DocIndex
 
+BUILTIN_TOOL_NAMES = frozenset({"local_search", "google_search", "snippet_search", "web_search", "browse_webpage"})
+"""Names only the built-in tools may carry, configured or not (an MCP tool by one of these names is refused)."""
+
 TOOL_ALIASES: Mapping[str, tuple[str, ...]] = {
     # alias (normalised: lower case, "-" and " " as "_") -> canonical names, first available wins
     "google_web_search": ("google_search", "web_search"),

@@ -1,8 +1,11 @@
-"""Numbered, forward-only SQLite migrations: `NNNN_name.sql` files in this folder, applied in order.
+"""Numbered, forward-only migrations: `NNNN_name.sql` files in this folder, applied in order, on SQLite or PostgreSQL.
 
-Each migration runs in its own `BEGIN IMMEDIATE` transaction together with its row in `schema_migrations` (and
-`PRAGMA user_version`), so a failing migration leaves the schema exactly as it was, and two processes opening a new
-database at once apply each migration exactly once. Applied migrations must never be edited: their checksum is kept.
+The files are written in SQLite's dialect (type names in upper case, column names in lower case) and translated for
+PostgreSQL by `store.db.dialect.postgres_ddl`. Each migration runs in its own transaction holding the database's
+write lock (SQLite `BEGIN IMMEDIATE`, PostgreSQL the store's advisory write lock; DDL is transactional in both)
+together with its row in `schema_migrations` (and SQLite's `PRAGMA user_version`), so a failing migration leaves the
+schema exactly as it was, and two processes opening a new database at once apply each migration exactly once.
+Applied migrations must never be edited: their checksum (of the one file, whichever backend ran it) is kept.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from store.db.dialect import RawConnection, raw_connection
 from store.errors import MigrationError
 
 __all__ = ["Migration", "apply_migrations", "applied_migrations", "load_migrations", "split_statements"]
@@ -118,14 +122,16 @@ def load_migrations(directory: Path | Traversable | None = None) -> tuple[Migrat
     return tuple(found[v] for v in versions)
 
 
-def applied_migrations(conn: sqlite3.Connection) -> dict[int, str]:
-    """Versions already applied to this database, mapped to their recorded checksums (empty for a new file)."""
-    exists = conn.execute(
-        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'"
-    ).fetchone()
-    if exists is None:
+def applied_migrations(conn: object) -> dict[int, str]:
+    """Versions already applied to this database, mapped to their recorded checksums (empty for a new database).
+
+    Args:
+        conn: A `sqlite3.Connection` or `psycopg.Connection` (or a `RawConnection` wrapping one).
+    """
+    db = raw_connection(conn)
+    if not db.table_exists("schema_migrations"):
         return {}
-    return {int(v): str(c) for v, c in conn.execute("SELECT version, checksum FROM schema_migrations")}
+    return {int(v): str(c) for v, c in db.execute("SELECT version, checksum FROM schema_migrations")}
 
 
 def _verify(applied: dict[int, str], migrations: tuple[Migration, ...]) -> None:
@@ -144,11 +150,12 @@ def _verify(applied: dict[int, str], migrations: tuple[Migration, ...]) -> None:
             )
 
 
-def apply_migrations(conn: sqlite3.Connection, migrations: tuple[Migration, ...] | None = None) -> tuple[int, ...]:
+def apply_migrations(conn: object, migrations: tuple[Migration, ...] | None = None) -> tuple[int, ...]:
     """Bring a database up to date; re-running it is a no-op.
 
     Args:
-        conn: A connection in autocommit mode (`isolation_level=None`) with no open transaction.
+        conn: A `sqlite3.Connection` in autocommit mode (`isolation_level=None`) or a `psycopg.Connection` with
+            `autocommit=True` (or a `RawConnection` wrapping one), with no open transaction.
         migrations: The migrations to apply; defaults to `load_migrations()`.
 
     Returns:
@@ -158,48 +165,51 @@ def apply_migrations(conn: sqlite3.Connection, migrations: tuple[Migration, ...]
         MigrationError: A migration failed (it was rolled back, earlier ones stay applied), the files are
             inconsistent, an applied file was edited, or the database is newer than the code.
     """
-    if conn.isolation_level is not None or conn.in_transaction:
-        raise MigrationError("apply_migrations needs an autocommit connection (isolation_level=None) outside a "
-                             "transaction")
+    try:
+        db = raw_connection(conn)
+    except TypeError as exc:
+        raise MigrationError(str(exc)) from exc
+    if not db.autocommit or db.in_transaction:
+        raise MigrationError("apply_migrations needs an autocommit connection (sqlite3: isolation_level=None; "
+                             "psycopg: autocommit=True) outside a transaction")
     todo = load_migrations() if migrations is None else migrations
     try:
-        applied = applied_migrations(conn)
-    except sqlite3.Error as exc:
+        applied = applied_migrations(db)
+    except db.errors as exc:
         raise MigrationError(f"cannot read the schema version: {exc}") from exc
     _verify(applied, todo)
     if all(m.version in applied for m in todo):
         return ()  # fast path: no write lock taken when the schema is current
     done: list[int] = []
     for migration in todo:
-        if _apply_one(conn, migration, todo):
+        if _apply_one(db, migration, todo):
             done.append(migration.version)
     return tuple(done)
 
 
-def _apply_one(conn: sqlite3.Connection, migration: Migration, todo: tuple[Migration, ...]) -> bool:
+def _apply_one(db: RawConnection, migration: Migration, todo: tuple[Migration, ...]) -> bool:
     try:
-        # IMMEDIATE takes the write lock before re-reading the version, so a concurrent opener waits, then skips.
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(_BOOTSTRAP)
-        applied = applied_migrations(conn)
+        # The write lock is taken before re-reading the version, so a concurrent opener waits, then skips.
+        db.begin_write()
+        db.execute(db.ddl(_BOOTSTRAP))
+        applied = applied_migrations(db)
         _verify(applied, todo)
         if migration.version in applied:
-            conn.execute("COMMIT")
+            db.commit()
             return False
         for statement in split_statements(migration.sql):
-            conn.execute(statement)
-        conn.execute(
+            db.execute(db.ddl(statement))
+        db.execute(
             "INSERT INTO schema_migrations (version, name, checksum, applied_at) VALUES (?, ?, ?, ?)",
             (migration.version, migration.name, migration.checksum,
              datetime.now(UTC).isoformat(timespec="microseconds")),
         )
-        # Mirror the version for tools that only know PRAGMA user_version (it is transactional in SQLite).
-        conn.execute(f"PRAGMA user_version = {int(migration.version)}")
-        conn.execute("COMMIT")
+        db.mark_schema_version(migration.version)
+        db.commit()
         return True
-    except (sqlite3.Error, MigrationError) as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
+    except (*db.errors, MigrationError, ValueError) as exc:
+        if db.in_transaction:
+            db.rollback()
         if isinstance(exc, MigrationError):
             raise
         raise MigrationError(f"migration {migration.name} failed and was rolled back: {exc}") from exc

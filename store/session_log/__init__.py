@@ -1,9 +1,10 @@
-"""SQLite session log: research sessions written turn by turn as they happen (WAL, crash-safe), read back as records.
+"""The session log: research sessions written turn by turn as they happen (crash-safe), read back as records, in a
+SQLite file (WAL) or a PostgreSQL database (`store.db`).
 
 Every write is its own committed transaction, so a crash loses nothing already appended. `SessionLog` is composed of
-one mixin per concern over a shared connection:
+one mixin per concern over a shared database:
 
-- `connection`: opening and migrating the file, transactions, error mapping, lifecycle (`SessionLogBase`);
+- `connection`: opening and migrating the database, transactions, lifecycle (`SessionLogBase`);
 - `codec`: storage encodings (token ids, logprobs, text, JSON, timestamps) and input checks;
 - `sessions`: sessions, turns and tool calls, crash recovery, reads (`SessionSummary`);
 - `judgements`: judgements, the unjudged queue and rubric buffers (`JudgementRecord`);
@@ -31,8 +32,9 @@ __all__ = [
 
 
 class SessionLog(SessionsMixin, JudgementsMixin, FeedbackMixin, ReflectionsMixin):
-    """Append-as-you-go log of research sessions over one SQLite file.
+    """Append-as-you-go log of research sessions over one SQLite file or one PostgreSQL database.
 
-    Safe to share between threads (one connection guarded by a lock; asyncio code calls it via `asyncio.to_thread`)
-    and between processes (WAL mode plus `busy_timeout`). Each public write commits before it returns.
+    Safe to share between threads (SQLite: one connection guarded by a lock; PostgreSQL: a connection pool; asyncio
+    code calls it via `asyncio.to_thread`) and between processes and hosts (one writer at a time, waiting up to
+    `busy_timeout`). Each public write commits before it returns.
     """

@@ -1,8 +1,9 @@
 """Storage encodings and input checks shared by the session-log modules.
 
 Token ids are little-endian int32 BLOBs and logprobs little-endian float64 BLOBs (exact, NaN payloads included); free
-text is TEXT (a UTF-8 BLOB when it holds lone surrogates); options, metrics, attrs and judge payloads are JSON text;
-timestamps are fixed-width UTC ISO-8601 strings.
+text is TEXT (`RawText`, a UTF-8 BLOB in SQLite, when it holds lone surrogates; see `store.db.dialect` for how
+PostgreSQL keeps it); options, metrics, attrs and judge payloads are JSON text; timestamps are fixed-width UTC ISO-8601
+strings.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import get_args
 
+from store.db.dialect import RawText
 from store.errors import InvalidInput
 from store.records import FinishReason, TokenSource
 
@@ -64,13 +66,13 @@ def unpack_floats(blob: bytes) -> tuple[float, ...]:
 
 
 def text_in(value: object, what: str) -> str | bytes:
-    """Free text goes in as TEXT; a str with lone surrogates (not valid Unicode) as a UTF-8 BLOB, so nothing is lost."""
+    """Free text goes in as TEXT; a str with lone surrogates (not valid Unicode) as `RawText`, so nothing is lost."""
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a str, got {type(value).__name__}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        return value.encode("utf-8", "surrogatepass")
+        return RawText(value.encode("utf-8", "surrogatepass"))
     return value
 
 

@@ -62,11 +62,11 @@ class FeedbackMixin(SessionLogBase):
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
             self._status(conn, session_id)
-            cursor = conn.execute(
-                "INSERT INTO feedback (session_id, rating, note, created_at) VALUES (?, ?, ?, ?)",
+            row = conn.execute(
+                "INSERT INTO feedback (session_id, rating, note, created_at) VALUES (?, ?, ?, ?) RETURNING feedback_id",
                 (session_id, rating, stored, now),
-            )
-            return int(cursor.lastrowid or 0)
+            ).fetchone()
+            return int(row[0])
 
     def feedback(self, session_id: str) -> list[FeedbackRecord]:
         """Every piece of feedback on a session, oldest first.

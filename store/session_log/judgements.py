@@ -69,12 +69,12 @@ class JudgementsMixin(SessionLogBase):
             current = self._status(conn, session_id)
             if current != "completed":
                 raise SessionNotCompleted(session_id, current, "record a judgement")
-            cursor = conn.execute(
+            row = conn.execute(
                 "INSERT INTO judgements (session_id, judge_model, payload_json, status, error, judge_kind, "
-                "rubric_version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "rubric_version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING judgement_id",
                 (session_id, *values, now),
-            )
-            return int(cursor.lastrowid or 0)
+            ).fetchone()
+            return int(row[0])
 
     def judgements(self, session_id: str) -> list[JudgementRecord]:
         """Every judgement of a session, oldest first (failed attempts included)."""
@@ -110,8 +110,8 @@ class JudgementsMixin(SessionLogBase):
                 "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND s.training_opt_out = 0 "
                 "AND s.finished_at >= ? "
                 "AND NOT EXISTS (SELECT 1 FROM judgements j WHERE j.session_id = s.session_id AND j.status = 'ok') "
-                "ORDER BY s.finished_at, s.rowid LIMIT ?",
-                ("" if since is None else iso(since), -1 if limit is None else limit),
+                f"ORDER BY s.finished_at, s.rowid{'' if limit is None else ' LIMIT ?'}",
+                ("" if since is None else iso(since), *(() if limit is None else (limit,))),
             ).fetchall()
         return [str(r[0]) for r in rows]
 
@@ -123,8 +123,9 @@ class JudgementsMixin(SessionLogBase):
             row = conn.execute("SELECT version FROM rubric_buffers WHERE question_sha = ?", (values[0],)).fetchone()
             version = int(row[0]) + 1 if row else 1
             conn.execute(
-                "INSERT OR REPLACE INTO rubric_buffers (question_sha, question, payload_json, version, updated_at) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO rubric_buffers (question_sha, question, payload_json, version, updated_at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (question_sha) DO UPDATE SET question = excluded.question, "
+                "payload_json = excluded.payload_json, version = excluded.version, updated_at = excluded.updated_at",
                 (values[0], question, values[1], version, now),
             )
             return version

@@ -96,7 +96,7 @@ def _opt_int(value: object, what: str, *, low: int | None = None) -> int | None:
     if value is None:
         return None
     if (isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low)
-            or not -(2**63) <= value < 2**63):  # SQLite INTEGER is 64-bit
+            or not -(2**63) <= value < 2**63):  # SQLite INTEGER (PostgreSQL BIGINT) is 64-bit
         raise InvalidInput(f"{what} must be an int{'' if low is None else f' >= {low}'}, got {value!r:.80}")
     return value
 
@@ -328,7 +328,7 @@ class ReflectionsMixin(SessionLogBase):
                 "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND s.training_opt_out = 0 "
                 "AND EXISTS (SELECT 1 FROM judgements j WHERE j.session_id = s.session_id AND j.status = 'ok') "
                 "AND NOT EXISTS (SELECT 1 FROM reflection_candidates c WHERE c.session_id = s.session_id) "
-                "ORDER BY s.finished_at, s.rowid LIMIT ?",
-                (-1 if limit is None else limit,),
+                f"ORDER BY s.finished_at, s.rowid{'' if limit is None else ' LIMIT ?'}",
+                () if limit is None else (limit,),
             ).fetchall()
         return [str(r[0]) for r in rows]

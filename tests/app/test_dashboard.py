@@ -1,11 +1,12 @@
-"""The learning page's data layer on a real SQLite session log, a real registry and a real embedded-Chroma rubric
-bank: version rows with gate numbers, alias history, cycles, per-stage reward curves, bank size and the summary."""
+"""The learning page's data layer on a real session log (SQLite, and PostgreSQL on the test server), a real registry
+and a real embedded-Chroma rubric bank: version rows with gate numbers, alias history, cycles, per-stage reward curves,
+bank size and the summary."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -56,9 +57,14 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture
-def log(tmp_path: Path, clock: Clock) -> SessionLog:
-    return SessionLog(tmp_path / "data" / "rubricem.sqlite3", clock=clock)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def log(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[SessionLog]:
+    if request.param == "postgresql":
+        opened = SessionLog(database_url=request.getfixturevalue("postgres_url"), clock=clock)
+    else:
+        opened = SessionLog(tmp_path / "data" / "rubricem.sqlite3", clock=clock)
+    with opened:
+        yield opened
 
 
 @pytest.fixture

@@ -87,23 +87,39 @@ def test_the_real_gate_promotes_a_better_candidate_and_rejects_a_worse_one(smoll
     assert not rejected.promote and "< live" in rejected.reason
 
 
-def test_only_one_cycle_runs_at_a_time_across_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_only_one_cycle_runs_at_a_time_across_processes(tmp_path: Path, backend: str,
+                                                        request: pytest.FixtureRequest) -> None:
+    """The file lock for a SQLite store; with a PostgreSQL store the advisory lock, which schedulers on other hosts
+    share (a second process here stands for a second host: it shares nothing with this one but the server)."""
+    import os
     import subprocess
     import sys
+    import time
 
+    url = request.getfixturevalue("postgres_url") if backend == "postgresql" else ""
+    store = StoreConfig(data_dir=tmp_path, database_url=url or None)
+    env = {**os.environ, "RUBRICEM_STORE__DATA_DIR": str(tmp_path), "RUBRICEM_STORE__DATABASE_URL": url}
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, '.'); from app.scheduler import cycle_lock; from pathlib import Path\n"
-        f"with cycle_lock(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(30)")],
-        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+        "import sys, time; sys.path.insert(0, '.'); from app.scheduler import cycle_lock\n"
+        "from app.settings import Settings\n"
+        "with cycle_lock(Settings().store):\n    print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2], env=env)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with pytest.raises(CycleLocked), cycle_lock(tmp_path):
+        with pytest.raises(CycleLocked), cycle_lock(store):
             pass
     finally:
-        holder.kill()
+        holder.kill()  # SIGKILL: the holder crashes without releasing anything itself
         holder.wait()
-    with cycle_lock(tmp_path):  # released when the holder died
-        pass
+    for _ in range(300):  # released when the holder died (the server notices the closed socket at once, or nearly)
+        try:
+            with cycle_lock(store):
+                break
+        except CycleLocked:
+            time.sleep(0.1)
+    else:
+        pytest.fail("the cycle lock of a killed holder was never released")
 
 
 @pytest.mark.slow

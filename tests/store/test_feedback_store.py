@@ -1,17 +1,16 @@
-"""User feedback in the session log (migration 0005): stored, read back per session and per question, bad input
-refused with nothing written."""
+"""User feedback in the session log (migration 0005), on both backends: stored, read back per session and per
+question, bad input refused with nothing written."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from store.errors import InvalidInput, SessionNotFound
 from store.records import PromptRecord, Turn
 from store.session_log import MAX_FEEDBACK_NOTE, FeedbackRecord, SessionLog
+from tests.store.conftest import StoreTarget, count_rows
 
 
 def session(log: SessionLog, question: str, *, status: str = "completed") -> str:
@@ -22,29 +21,24 @@ def session(log: SessionLog, question: str, *, status: str = "completed") -> str
     return sid
 
 
-def rows(path: Path) -> int:
-    conn = sqlite3.connect(path)
-    try:
-        return int(conn.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
-    finally:
-        conn.close()
+def rows(log: SessionLog) -> int:
+    return count_rows(log, "feedback")
 
 
 @pytest.fixture
-def log(tmp_path: Path) -> Iterator[SessionLog]:
-    with SessionLog(tmp_path / "rubricem.sqlite3") as opened:
+def log(store_target: StoreTarget) -> Iterator[SessionLog]:
+    with store_target.open() as opened:
         yield opened
 
 
-def test_feedback_is_stored_and_read_back_oldest_first(tmp_path: Path) -> None:
-    path = tmp_path / "rubricem.sqlite3"
-    with SessionLog(path) as log:
+def test_feedback_is_stored_and_read_back_oldest_first(store_target: StoreTarget) -> None:
+    with store_target.open() as log:
         sid = session(log, "What language did Haymo's era translate into?")
         first = log.add_feedback(sid, "up", "")
         second = log.add_feedback(sid, "down", "  It never says when Haymo died.\n ")
         third = log.add_feedback(sid, None, "Zürich — 東京: cite the source")
         assert first < second < third
-    with SessionLog(path) as reopened:  # committed: survives closing the log
+    with store_target.open() as reopened:  # committed: survives closing the log
         got = reopened.feedback(sid)
     assert [(f.feedback_id, f.rating, f.note) for f in got] == [
         (first, "up", ""), (second, "down", "It never says when Haymo died."), (third, None, "Zürich — 東京: cite the source")
@@ -99,7 +93,7 @@ def test_bad_feedback_is_refused_and_nothing_is_written(
     with pytest.raises(InvalidInput, match=message) as caught:
         log.add_feedback(sid, rating, note)  # type: ignore[arg-type]
     assert isinstance(caught.value, ValueError)
-    assert log.feedback(sid) == [] and rows(log.path) == 0
+    assert log.feedback(sid) == [] and rows(log) == 0
 
 
 def test_a_note_of_exactly_the_limit_after_stripping_is_accepted(log: SessionLog) -> None:
@@ -114,20 +108,16 @@ def test_unknown_session_is_refused_and_nothing_is_written(log: SessionLog) -> N
         log.add_feedback("no-such-session", "down", "missing the year")
     with pytest.raises(SessionNotFound):
         log.feedback("no-such-session")
-    assert rows(log.path) == 0
+    assert rows(log) == 0
 
 
 def test_the_schema_itself_refuses_a_bad_rating_or_an_empty_row(log: SessionLog) -> None:
+    """Past the Python checks, the table's own constraints refuse bad rows (mapped to InvalidInput, rolled back)."""
     sid = session(log, "q")
-    conn = sqlite3.connect(log.path)
-    try:
-        conn.execute("PRAGMA foreign_keys = ON")
-        for rating, note in (("sideways", "x"), (None, "")):
-            with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
-                conn.execute("INSERT INTO feedback (session_id, rating, note, created_at) VALUES (?, ?, ?, 't')",
-                             (sid, rating, note))
-        with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
-            conn.execute("INSERT INTO feedback (session_id, rating, note, created_at) VALUES ('ghost', 'up', '', 't')")
-    finally:
-        conn.close()
-    assert rows(log.path) == 0
+    for rating, note in (("sideways", "x"), (None, "")):
+        with pytest.raises(InvalidInput, match="(?i)check"), log.transaction(write=True) as conn:
+            conn.execute("INSERT INTO feedback (session_id, rating, note, created_at) VALUES (?, ?, ?, 't')",
+                         (sid, rating, note))
+    with pytest.raises(InvalidInput, match="(?i)foreign key"), log.transaction(write=True) as conn:
+        conn.execute("INSERT INTO feedback (session_id, rating, note, created_at) VALUES ('ghost', 'up', '', 't')")
+    assert rows(log) == 0

@@ -1,8 +1,9 @@
-"""The policy registry on the real SQLite session log: versions, the live alias, rollback, cycles, opt-out."""
+"""The policy registry on the real session log, both backends: versions, the live alias, rollback, cycles, opt-out."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from store.errors import InvalidInput
 from store.records import PromptRecord
 from store.registry import BASE, Registry, RegistryError
-from store.session_log import SessionLog
+from tests.store.conftest import StoreTarget
 
 
 def adapter(path: Path) -> Path:
@@ -20,8 +21,9 @@ def adapter(path: Path) -> Path:
 
 
 @pytest.fixture
-def registry(tmp_path: Path) -> Registry:
-    return Registry(SessionLog(tmp_path / "s.sqlite3"))
+def registry(store_target: StoreTarget) -> Iterator[Registry]:
+    with store_target.open() as log:
+        yield Registry(log)
 
 
 def test_base_is_live_then_promotion_and_rollback_move_the_alias_with_history(registry: Registry,

@@ -1,4 +1,5 @@
-"""Session log on real SQLite files: migrations, WAL, exact round trips, status rules, crash safety, concurrency."""
+"""Session log on both backends (real SQLite files and a real PostgreSQL server): migrations, exact round trips,
+status rules, crash safety, concurrency; WAL and file handling on SQLite."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ from store import (
     Turn,
     sha256_text,
 )
-from store.migrations import apply_migrations, load_migrations, split_statements
+from store.migrations import applied_migrations, apply_migrations, load_migrations, split_statements
+from store.session_log import ReflectionCandidate
+from tests.store.conftest import OPEN_FROM_ENV, StoreTarget, columns, count_rows, raw_connect
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = PromptRecord(
@@ -83,16 +86,16 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def log(tmp_path: Path, clock: Clock) -> Iterator[SessionLog]:
-    with SessionLog(tmp_path / "data" / "rubricem.sqlite3", clock=clock) as opened:
+def log(store_target: StoreTarget, clock: Clock) -> Iterator[SessionLog]:
+    with store_target.open(clock=clock) as opened:
         yield opened
 
 
-def run_child(code: str, *args: str) -> subprocess.Popen[str]:
-    """Start a Python child that imports the project from this checkout."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], cwd=REPO, env=env, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def run_child(code: str, target: StoreTarget, *args: str) -> subprocess.Popen[str]:
+    """Start a Python child that imports the project from this checkout; `open_target()` in its code opens `target`."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), **target.env}
+    return subprocess.Popen([sys.executable, "-c", OPEN_FROM_ENV + textwrap.dedent(code), *args], cwd=REPO, env=env,
+                            text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 # --- migrations ------------------------------------------------------------------------------------------------
@@ -118,6 +121,24 @@ def test_open_creates_parent_folder_applies_migrations_once_and_records_version(
         conn.close()
 
 
+def test_open_applies_migrations_once_and_records_them(store_target: StoreTarget) -> None:
+    with store_target.open() as first:
+        sid = new_session(first)
+    with store_target.open() as second:  # re-opening re-runs nothing and keeps the data
+        assert second.get(sid).status == "running"
+        diagnostics = second.pragmas()
+    assert diagnostics["user_version" if store_target.backend == "sqlite" else "schema_version"] == len(
+        load_migrations())
+    with raw_connect(store_target) as conn:
+        assert [tuple(r) for r in conn.execute("SELECT version, name FROM schema_migrations ORDER BY version")] == [
+            (m.version, m.name) for m in load_migrations()]
+        assert applied_migrations(conn) == {m.version: m.checksum for m in load_migrations()}
+        assert apply_migrations(conn) == ()
+        for table in ("sessions", "turns", "tool_calls", "snippets", "judgements", "feedback", "policy_versions",
+                      "retrain_cycles", "chat_threads", "reflection_candidates", "rubric_buffers"):
+            assert conn.table_exists(table), table
+
+
 def _copy_migrations(folder: Path) -> Path:
     folder.mkdir()
     for migration in load_migrations():
@@ -125,9 +146,8 @@ def _copy_migrations(folder: Path) -> Path:
     return folder
 
 
-def test_failed_migration_rolls_back_and_a_fixed_one_applies(tmp_path: Path) -> None:
-    path = tmp_path / "log.sqlite3"
-    SessionLog(path).close()
+def test_failed_migration_rolls_back_and_a_fixed_one_applies(store_target: StoreTarget, tmp_path: Path) -> None:
+    store_target.open().close()
     folder = _copy_migrations(tmp_path / "migrations")
     n = len(load_migrations())
     nxt = f"{n + 1:04d}_notes.sql"
@@ -136,39 +156,36 @@ def test_failed_migration_rolls_back_and_a_fixed_one_applies(tmp_path: Path) -> 
         "ALTER TABLE sessions ADD COLUMN note TEXT;\n"
         "INSERT INTO no_such_table VALUES (1);\n"
     )
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
+    sqlite = store_target.backend == "sqlite"
+    with raw_connect(store_target) as conn:
         with pytest.raises(MigrationError, match=f"{nxt} failed and was rolled back"):
             apply_migrations(conn, load_migrations(folder))
         assert not conn.in_transaction
-        assert conn.execute("SELECT name FROM sqlite_schema WHERE name = 'notes'").fetchone() is None
-        assert "note" not in {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}
-        assert conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone() == (n,)
-        assert conn.execute("PRAGMA user_version").fetchone() == (n,)
+        assert not conn.table_exists("notes")
+        assert "note" not in columns(conn, "sessions")
+        assert tuple(conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()) == (n,)
+        if sqlite:
+            assert conn.execute("PRAGMA user_version").fetchone() == (n,)
 
         fixed = "CREATE TABLE notes (note TEXT);\nALTER TABLE sessions ADD COLUMN note TEXT;\n"
         (folder / nxt).write_text(fixed)
         assert apply_migrations(conn, load_migrations(folder)) == (n + 1,)
         assert apply_migrations(conn, load_migrations(folder)) == ()
-        assert conn.execute("PRAGMA user_version").fetchone() == (n + 1,)
-    finally:
-        conn.close()
-    # The shipped code knows only versions up to n: it must refuse a database written by newer code.
-    with pytest.raises(MigrationError, match="newer"):
-        SessionLog(path)
+        assert conn.table_exists("notes") and "note" in columns(conn, "sessions")
+        if sqlite:
+            assert conn.execute("PRAGMA user_version").fetchone() == (n + 1,)
+    # The shipped code knows only versions up to n: it must refuse a database written by newer code, naming both.
+    with pytest.raises(MigrationError, match="newer") as refused:
+        store_target.open()
+    assert f"[{n + 1}]" in str(refused.value) and f"up to {n}" in str(refused.value)
 
 
-def test_edited_applied_migration_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "log.sqlite3"
-    SessionLog(path).close()
+def test_edited_applied_migration_is_refused(store_target: StoreTarget, tmp_path: Path) -> None:
+    store_target.open().close()
     folder = _copy_migrations(tmp_path / "migrations")
     (folder / "0001_init.sql").write_text((folder / "0001_init.sql").read_text() + "\n-- edited\n")
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        with pytest.raises(MigrationError, match="edited after it was applied"):
-            apply_migrations(conn, load_migrations(folder))
-    finally:
-        conn.close()
+    with raw_connect(store_target) as conn, pytest.raises(MigrationError, match="edited after it was applied"):
+        apply_migrations(conn, load_migrations(folder))
 
 
 @pytest.mark.parametrize(
@@ -204,15 +221,14 @@ def test_split_statements_respects_strings_comments_and_triggers() -> None:
     conn.close()
 
 
-def test_concurrent_first_opens_apply_each_migration_once(tmp_path: Path) -> None:
-    path = tmp_path / "fresh.sqlite3"
+def test_concurrent_first_opens_apply_each_migration_once(store_target: StoreTarget) -> None:
     barrier = threading.Barrier(4)
     errors: list[BaseException] = []
 
     def open_it() -> None:
         try:
             barrier.wait()
-            SessionLog(path).close()
+            store_target.open().close()
         except BaseException as exc:  # collected and asserted below
             errors.append(exc)
 
@@ -222,9 +238,8 @@ def test_concurrent_first_opens_apply_each_migration_once(tmp_path: Path) -> Non
     for t in threads:
         t.join()
     assert errors == []
-    conn = sqlite3.connect(path)
-    assert conn.execute("SELECT COUNT(*) FROM schema_migrations").fetchone() == (len(load_migrations()),)
-    conn.close()
+    with store_target.open() as log:
+        assert count_rows(log, "schema_migrations") == len(load_migrations())
 
 
 # --- connection settings -----------------------------------------------------------------------------------------
@@ -256,8 +271,8 @@ def test_unusable_files_raise_storage_error(tmp_path: Path) -> None:
     assert junk.read_bytes() == b"this is not a database" * 100
 
 
-def test_closed_log_raises_and_close_is_idempotent(tmp_path: Path) -> None:
-    log = SessionLog(tmp_path / "log.sqlite3")
+def test_closed_log_raises_and_close_is_idempotent(store_target: StoreTarget) -> None:
+    log = store_target.open()
     sid = new_session(log)
     log.close()
     log.close()
@@ -317,8 +332,8 @@ def test_full_session_round_trip(log: SessionLog, clock: Clock) -> None:
 
 
 @pytest.fixture(scope="module")
-def shared_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionLog]:
-    with SessionLog(tmp_path_factory.mktemp("shared") / "log.sqlite3", synchronous="NORMAL") as opened:
+def shared_log(module_store_target: StoreTarget) -> Iterator[SessionLog]:
+    with module_store_target.open(synchronous="NORMAL") as opened:
         yield opened
 
 
@@ -369,10 +384,11 @@ def test_nan_payloads_and_infinities_are_bit_exact(log: SessionLog) -> None:
         "emoji 🧪🔬 and CJK 研究 and RTL مرحبا and combining e\u0301",
         "nul\x00inside and \r\n line endings and \u2028 separators",
         "lone surrogates \ud800 and \udfff from a broken decoder",
+        "\ufdd0" + '"starts with the escape mark"',
         "",
         "x" * 5_000_000,
     ],
-    ids=["unicode", "control", "surrogates", "empty", "huge"],
+    ids=["unicode", "control", "surrogates", "mark", "empty", "huge"],
 )
 def test_text_round_trips_unchanged(log: SessionLog, text: str) -> None:
     sid = log.create_session(text + "?" * 20_000, PromptRecord(text, (1,), "h"), {"note": text[:100]}, "policy@1")
@@ -610,26 +626,25 @@ def test_mark_stale_running_failed_uses_last_write(log: SessionLog, clock: Clock
 
 _CRASHING_WRITER = """
     import os, sys
-    from store import PromptRecord, SessionLog, Turn
-    log = SessionLog(sys.argv[1])
+    from store import PromptRecord, Turn
+    log = open_target()
     sid = log.create_session("crash?", PromptRecord("p", (1,), "h"), {}, "policy@9", session_id="crashy")
     for i in range(3):
         turn = Turn(stage="plan", kind="sampled", text=f"t{i}", token_ids=(i, i + 1), logprobs=(-0.1 * i, -1.5))
         log.append_turn(sid, turn)
     print("written", flush=True)
     sys.stdin.readline()  # the parent inspects the log from another process meanwhile
-    os._exit(3)  # die without finish() or close(): no atexit, no checkpoint
+    os._exit(3)  # die without finish() or close(): no atexit, no checkpoint, connections dropped mid-session
 """
 
 
 @pytest.mark.timeout(60)
-def test_turns_survive_a_killed_writer_and_recovery_fails_the_session(tmp_path: Path) -> None:
-    path = tmp_path / "log.sqlite3"
-    child = run_child(_CRASHING_WRITER, str(path))
+def test_turns_survive_a_killed_writer_and_recovery_fails_the_session(store_target: StoreTarget) -> None:
+    child = run_child(_CRASHING_WRITER, store_target)
     assert child.stdout is not None and child.stdin is not None
     assert child.stdout.readline().strip() == "written", child.stderr.read() if child.stderr else ""
 
-    with SessionLog(path) as reader:  # visible from a second process before the session finishes
+    with store_target.open() as reader:  # visible from a second process before the session finishes
         record = reader.get("crashy")
         assert record.status == "running"
         assert [t.text for t in record.trajectory.turns] == ["t0", "t1", "t2"]
@@ -640,10 +655,11 @@ def test_turns_survive_a_killed_writer_and_recovery_fails_the_session(tmp_path: 
     child.stdout.close()
     if child.stderr:
         child.stderr.close()
-    wal = path.with_name(path.name + "-wal")
-    assert wal.exists() and wal.stat().st_size > 0  # the dead writer's WAL was never checkpointed
+    if store_target.sqlite_path is not None:
+        wal = store_target.sqlite_path.with_name(store_target.sqlite_path.name + "-wal")
+        assert wal.exists() and wal.stat().st_size > 0  # the dead writer's WAL was never checkpointed
 
-    with SessionLog(path) as reopened:
+    with store_target.open() as reopened:
         record = reopened.get("crashy")
         assert record.status == "running"
         assert record.trajectory.turns[2] == Turn(stage="plan", kind="sampled", text="t2", token_ids=(2, 3),
@@ -655,9 +671,9 @@ def test_turns_survive_a_killed_writer_and_recovery_fails_the_session(tmp_path: 
 
 _PROCESS_WRITER = """
     import sys
-    from store import SessionLog, Turn
-    path, sid, tag = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    with SessionLog(path, synchronous="NORMAL") as log:
+    from store import Turn
+    sid, tag = sys.argv[1], int(sys.argv[2])
+    with open_target(synchronous="NORMAL") as log:
         for i in range(40):
             log.append_turn(sid, Turn(stage="research", kind="sampled", text=f"{tag}:{i}", token_ids=(tag, i)))
     print("done", flush=True)
@@ -665,11 +681,10 @@ _PROCESS_WRITER = """
 
 
 @pytest.mark.timeout(60)
-def test_concurrent_writer_processes_get_contiguous_indices(tmp_path: Path) -> None:
-    path = tmp_path / "log.sqlite3"
-    with SessionLog(path) as log:
+def test_concurrent_writer_processes_get_contiguous_indices(store_target: StoreTarget) -> None:
+    with store_target.open() as log:
         sid = new_session(log)
-        children = [run_child(_PROCESS_WRITER, str(path), sid, str(tag)) for tag in (1, 2)]
+        children = [run_child(_PROCESS_WRITER, store_target, sid, str(tag)) for tag in (1, 2)]
         for child in children:
             out, err = child.communicate(timeout=45)
             assert (child.returncode, out.strip()) == (0, "done"), err
@@ -679,11 +694,10 @@ def test_concurrent_writer_processes_get_contiguous_indices(tmp_path: Path) -> N
         assert [t.token_ids[1] for t in turns if t.token_ids[0] == tag] == list(range(40))  # each writer's order kept
 
 
-def test_concurrent_writer_threads_shared_and_separate_connections(tmp_path: Path) -> None:
-    path = tmp_path / "log.sqlite3"
-    shared = SessionLog(path, synchronous="NORMAL")
+def test_concurrent_writer_threads_shared_and_separate_connections(store_target: StoreTarget) -> None:
+    shared = store_target.open(synchronous="NORMAL")
     target = new_session(shared)
-    own_logs = [SessionLog(path, synchronous="NORMAL") for _ in range(3)]
+    own_logs = [store_target.open(synchronous="NORMAL") for _ in range(3)]
     errors: list[BaseException] = []
     barrier = threading.Barrier(6)
 
@@ -716,19 +730,13 @@ def test_concurrent_writer_threads_shared_and_separate_connections(tmp_path: Pat
     shared.close()
 
 
-def test_lock_held_past_busy_timeout_raises_store_busy_and_loses_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "log.sqlite3"
-    with SessionLog(path, busy_timeout_s=0.2) as log:
+def test_lock_held_past_busy_timeout_raises_store_busy_and_loses_nothing(store_target: StoreTarget) -> None:
+    with store_target.open(busy_timeout_s=0.2) as log, store_target.open() as blocker:
         sid = new_session(log)
-        blocker = sqlite3.connect(path, isolation_level=None)
-        try:
-            blocker.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+        with blocker.transaction(write=True):  # another writer holds the write lock
             with pytest.raises(StoreBusy):
                 log.append_turn(sid, sampled())
-            assert log.get(sid).trajectory.turns == ()  # readers are not blocked in WAL mode
-            blocker.execute("ROLLBACK")
-        finally:
-            blocker.close()
+            assert log.get(sid).trajectory.turns == ()  # readers are not blocked
         assert log.append_turn(sid, sampled()) == 0
 
 
@@ -766,10 +774,7 @@ def test_copying_the_database_file_while_open_keeps_committed_turns(tmp_path: Pa
         assert len(restored.get(sid).trajectory.turns) == 1
 
 
-def test_judgement_outcomes_and_rubric_buffers_round_trip(tmp_path: Path) -> None:
-    from store.records import PromptRecord
-
-    log = SessionLog(tmp_path / "j.sqlite3")
+def test_judgement_outcomes_and_rubric_buffers_round_trip(log: SessionLog) -> None:
     sid = log.create_session("q?", PromptRecord("p", (1, 2), "h"), {}, "base")
     log.finish(sid, "completed", report="r")
     assert log.completed_unjudged() == [sid]
@@ -787,3 +792,19 @@ def test_judgement_outcomes_and_rubric_buffers_round_trip(tmp_path: Path) -> Non
     assert log.save_rubric_buffer("abc", "q?", {"active": []}) == 1
     assert log.save_rubric_buffer("abc", "q?", {"active": [1]}) == 2
     assert log.load_rubric_buffer("abc") == ({"active": [1]}, 2)
+
+
+def test_doubles_and_64_bit_integers_round_trip_exactly(log: SessionLog) -> None:
+    """Doubles stay 64-bit and integers 64-bit on both backends (PostgreSQL's REAL and INTEGER are 32-bit)."""
+    sid = new_session(log)
+    log.append_tool_call(sid, ToolCallRecord(tool="t", query="q", seconds=0.1 + 0.2))
+    log.finish(sid, "completed", report="r")
+    log.record_judgement(sid, "judge", {})
+    candidate = ReflectionCandidate(index=0, text="r\x00\ud800", token_ids=(1, 2**31 - 1), policy_version="policy@3",
+                                    logprobs=(-0.1, -2.5), seed=2**62 + 1, valid=True, u=0.1 + 0.2, u_cross=5e-324)
+    batch = log.record_reflection_batch(sid, [candidate], prompt=PROMPT, judge_model="judge", temperature=0.7,
+                                        max_tokens=2**40)
+    (stored,) = log.reflection_candidates(batch_id=batch)
+    assert stored.candidate == candidate
+    assert (stored.temperature, stored.max_tokens) == (0.7, 2**40)
+    assert log.get(sid).trajectory.tool_calls[0].seconds == 0.1 + 0.2

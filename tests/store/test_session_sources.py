@@ -1,10 +1,8 @@
-"""Where each session came from (store.records.SessionSource), on real SQLite files: recorded, filtered, validated,
-and the sources the product never learns from (benchmark runs, gate probes) opted out of training at creation."""
+"""Where each session came from (store.records.SessionSource), on both backends: recorded, filtered, validated, and
+the sources the product never learns from (benchmark runs, gate probes) opted out of training at creation."""
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
 from typing import get_args
 
 import pytest
@@ -13,6 +11,7 @@ from store import InvalidInput, PromptRecord, SessionLog
 from store.migrations import apply_migrations, load_migrations
 from store.records import HISTORY_SOURCES, UNLEARNED_SOURCES, SessionSource
 from store.registry import Registry
+from tests.store.conftest import StoreTarget, raw_connect
 
 PROMPT = PromptRecord(text="<|im_start|>system\nYou research.<|im_end|>", token_ids=(1, 2), prompt_sha="sha")
 
@@ -23,8 +22,8 @@ def completed(log: SessionLog, source: str) -> str:
     return sid
 
 
-def test_every_source_round_trips_and_only_eval_and_probe_are_opted_out(tmp_path: Path) -> None:
-    with SessionLog(tmp_path / "log.sqlite3") as log:
+def test_every_source_round_trips_and_only_eval_and_probe_are_opted_out(store_target: StoreTarget) -> None:
+    with store_target.open() as log:
         ids = {source: completed(log, source) for source in get_args(SessionSource)}
         default = log.create_session("no source given?", PROMPT, {}, "base")
         log.finish(default, "completed", report="r")
@@ -42,8 +41,8 @@ def test_every_source_round_trips_and_only_eval_and_probe_are_opted_out(tmp_path
             ids["probe"], ids["eval"]]  # newest first
 
 
-def test_a_bad_source_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
-    with SessionLog(tmp_path / "log.sqlite3") as log:
+def test_a_bad_source_is_refused_and_nothing_is_written(store_target: StoreTarget) -> None:
+    with store_target.open() as log:
         with pytest.raises(InvalidInput, match="source"):
             log.create_session("q?", PROMPT, {}, "base", source="benchmark")  # type: ignore[arg-type]
         assert log.list_sessions() == []
@@ -53,20 +52,18 @@ def test_a_bad_source_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
                 log.list_sessions(sources=bad)
 
 
-def test_sessions_written_before_the_migration_become_api_and_stay_learnable(tmp_path: Path) -> None:
-    path = tmp_path / "old.sqlite3"
+def test_sessions_written_before_the_migration_become_api_and_stay_learnable(store_target: StoreTarget) -> None:
+    if store_target.sqlite_path is not None:
+        store_target.sqlite_path.parent.mkdir(parents=True)
     before = tuple(m for m in load_migrations() if not m.name.startswith("0007_"))
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
+    with raw_connect(store_target) as conn:
         apply_migrations(conn, before)
         conn.execute(
             "INSERT INTO sessions (session_id, question, policy_version, options_json, prompt_text, prompt_token_ids, "
-            "prompt_sha, status, created_at, updated_at, finished_at) VALUES ('old', 'q?', 'base', '{}', 'p', "
-            "X'01000000', 's', 'completed', '2030-01-01T00:00:00.000000+00:00', '2030-01-01T00:00:00.000000+00:00', "
-            "'2030-01-01T00:00:01.000000+00:00')")
-    finally:
-        conn.close()
-    with SessionLog(path) as log:
+            "prompt_sha, status, created_at, updated_at, finished_at) VALUES ('old', 'q?', 'base', '{}', 'p', ?, "
+            "'s', 'completed', '2030-01-01T00:00:00.000000+00:00', '2030-01-01T00:00:00.000000+00:00', "
+            "'2030-01-01T00:00:01.000000+00:00')", (b"\x01\x00\x00\x00",))
+    with store_target.open() as log:
         rec = log.get("old")
         assert rec.source == "api" and not rec.training_opt_out
         assert log.completed_unjudged() == ["old"]

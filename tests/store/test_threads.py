@@ -1,22 +1,22 @@
-"""Chat threads (store.threads): sessions in the order they were asked; bad links refused with nothing written."""
+"""Chat threads (store.threads), both backends: sessions in the order they were asked; bad links refused with
+nothing written."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from store.records import PromptRecord
 from store.session_log import SessionLog
 from store.threads import ChatThreads, ThreadError
+from tests.store.conftest import StoreTarget
 
 
 def _session(log: SessionLog, question: str) -> str:
     return log.create_session(question, PromptRecord("User: q", (1, 2), "p"), {}, "base")
 
 
-def test_a_thread_keeps_its_sessions_in_order(tmp_path: Path) -> None:
-    log = SessionLog(tmp_path / "log.sqlite3")
+def test_a_thread_keeps_its_sessions_in_order(store_target: StoreTarget) -> None:
+    log = store_target.open()
     threads = ChatThreads(log)
     a, b, c = (_session(log, q) for q in ("first", "second", "elsewhere"))
     tid = threads.new_id()
@@ -24,12 +24,13 @@ def test_a_thread_keeps_its_sessions_in_order(tmp_path: Path) -> None:
     assert threads.sessions(tid) == [a, b]
     assert threads.thread_of(a) == tid and threads.thread_of(c) is None
     assert threads.sessions("thr_unknown") == []
-    # reopening the database keeps them
-    assert ChatThreads(SessionLog(tmp_path / "log.sqlite3")).sessions(tid) == [a, b]
+    log.close()
+    with store_target.open() as reopened:  # reopening the database keeps them
+        assert ChatThreads(reopened).sessions(tid) == [a, b]
 
 
-def test_bad_links_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
-    log = SessionLog(tmp_path / "log.sqlite3")
+def test_bad_links_are_refused_and_nothing_is_written(store_target: StoreTarget) -> None:
+    log = store_target.open()
     threads = ChatThreads(log)
     a = _session(log, "first")
     tid = threads.new_id()
@@ -41,3 +42,4 @@ def test_bad_links_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
     with pytest.raises(ThreadError, match="must not be empty"):
         threads.add("  ", a)
     assert threads.sessions(tid) == [a]
+    log.close()

@@ -1,0 +1,339 @@
+"""The agent as an MCP server (the SDK's MCPServer): `research`, `search_bank` and `get_session`.
+
+Each tool calls the services the CLI uses (ResearchService, the rubric bank, the session log), so an MCP client gets
+the same sessions, reports and references as `rubricem ask`; a `research` call is logged with source `api`. Over
+HTTP the server is open on loopback only: anywhere else it needs a bearer token (`RUBRICEM_MCP__TOKEN`), compared in
+constant time.
+"""
+
+# No `from __future__ import annotations`: the SDK reads the tool functions' annotations as real types.
+import asyncio
+import hmac
+import ipaddress
+import logging
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, Field, ValidationError
+
+from agent.config import FormatLabel, RunOptions
+from agent.errors import InputError
+from agent.report import Report, stored_report
+from app import events as ev
+from app.container import Services
+from app.service import RunFailedError
+from store.errors import SessionNotFound
+from store.records import SessionRecord, Snippet
+
+_log = logging.getLogger(__name__)
+
+INSTRUCTIONS = (
+    "rubricem is a deep-research agent. `research` plans, searches its document index (and any configured search "
+    "tools), reviews the evidence against a rubric it writes itself, and answers with a Markdown report whose [n] "
+    "markers point to numbered references; it takes minutes. `get_session` reads a past session back; "
+    "`search_bank` searches the rubric bank of reflections on earlier questions."
+)
+
+
+class McpAccessError(ValueError):
+    """The HTTP transport would be reachable by others without a token."""
+
+
+# ---- typed records at the boundary ---------------------------------------------------------------------------------
+
+
+class ResearchOptions(BaseModel):
+    """Per-call options of `research`; anything unset takes the server's defaults."""
+
+    model_config = {"extra": "forbid"}
+
+    format: FormatLabel | None = Field(default=None, description="exact_answer, short_form or long_form.")
+    max_tool_calls: int | None = Field(default=None, ge=0, le=50, description="Tool-call budget.")
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    seed: int | None = Field(default=None, description="Sampling seed (reproducible where the backend allows).")
+    wall_clock_s: float | None = Field(default=None, gt=0, le=3600, description="Hard time limit, seconds.")
+    inject_bank: bool | None = Field(default=None, description="Use rubric-bank reflections in the prompt.")
+    tools: list[str] | None = Field(default=None, description="Which configured search tools to use (default: all).")
+
+
+class Reference(BaseModel):
+    """One numbered reference of a report: what `[n]` points to."""
+
+    number: int
+    id: str = Field(description="The snippet id the answer cited.")
+    title: str
+    url: str
+    tool: str
+    text: str
+
+
+class ResearchResult(BaseModel):
+    """A finished research session."""
+
+    session_id: str
+    report: str = Field(description="The answer as Markdown with [n] markers and a references section.")
+    references: list[Reference]
+    matched_after_writing: bool = Field(description="The model cited nothing; [n] were matched to passages after.")
+    policy_version: str
+    tool_calls: int
+
+
+class BankHit(BaseModel):
+    """A rubric-bank item similar to the query."""
+
+    id: str
+    question: str
+    similarity: float
+    score: float = Field(description="The reflection judge's score in [0, 1].")
+    rubrics: str
+    takeaways: str
+    created_at: str
+
+
+class BankSearchResult(BaseModel):
+    """The bank items most similar to a query, best first."""
+
+    hits: list[BankHit]
+
+
+class ToolCallSummary(BaseModel):
+    """One tool call of a session."""
+
+    tool: str
+    query: str
+    results: int
+    error: str | None
+
+
+class TurnText(BaseModel):
+    """One turn of a session's assistant sequence."""
+
+    stage: str
+    kind: str
+    text: str
+
+
+class SessionResult(BaseModel):
+    """A logged research session."""
+
+    session_id: str
+    question: str
+    status: Literal["running", "completed", "failed"]
+    source: str
+    created_at: str
+    finished_at: str | None
+    policy_version: str
+    report: str | None
+    error: str | None
+    references: list[Reference]
+    tool_calls: list[ToolCallSummary]
+    turns: list[TurnText] | None = Field(default=None, description="Only when include_turns is set.")
+
+
+def references(report: Report) -> list[Reference]:
+    """The report's references, numbered as its [n] markers."""
+    return [_reference(n, s) for n, s in enumerate(report.references, start=1)]
+
+
+def _reference(n: int, s: Snippet) -> Reference:
+    return Reference(number=n, id=s.id, title=s.title, url=s.url, tool=s.tool, text=s.text)
+
+
+def session_result(record: SessionRecord, include_turns: bool) -> SessionResult:
+    """What `get_session` returns for a logged session."""
+    report = stored_report(record) if record.status == "completed" else None
+    traj = record.trajectory
+    return SessionResult(
+        session_id=record.session_id, question=record.question, status=record.status, source=record.source,
+        created_at=record.created_at, finished_at=record.finished_at, policy_version=record.policy_version,
+        report=record.report, error=record.error, references=references(report) if report else [],
+        tool_calls=[ToolCallSummary(tool=c.tool, query=c.query, results=len(c.snippets), error=c.error)
+                    for c in traj.tool_calls],
+        turns=[TurnText(stage=t.stage, kind=t.kind, text=t.text) for t in traj.turns] if include_turns else None,
+    )
+
+
+# ---- progress ------------------------------------------------------------------------------------------------------
+
+
+def progress_message(event: ev.Event) -> str | None:
+    """The progress line an event is worth (None: not shown)."""
+    match event:
+        case ev.SessionStarted(session_id=sid):
+            return f"session {sid} started"
+        case ev.StageStarted(stage="research", final=True):
+            return "research: last turn, without tools"
+        case ev.StageStarted(stage="research", turn=n):
+            return f"research: turn {n}"
+        case ev.StageStarted(stage=stage):
+            return stage
+        case ev.SearchIssued(tool=tool, query=query):
+            return f"{tool}: {' '.join(query.split())[:100]}"
+        case ev.AnswerReady():
+            return "done"
+    return None
+
+
+class ProgressPump:
+    """Sends a run's events as MCP progress notifications, in order, from one task.
+
+    The service's event sink is synchronous; this queues the messages and one task awaits the sends. A client that
+    asked for no progress (or went away) costs nothing: the SDK skips the send, and failures are ignored.
+    """
+
+    def __init__(self, ctx: Context, also: Callable[[ev.Event], None] | None = None) -> None:
+        self.ctx, self.also = ctx, also
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.task = asyncio.create_task(self._pump())
+
+    def __call__(self, event: ev.Event) -> None:
+        if self.also is not None:
+            self.also(event)
+        message = progress_message(event)
+        if message is not None:
+            self.queue.put_nowait(message)
+
+    async def _pump(self) -> None:
+        n = 0
+        while (message := await self.queue.get()) is not None:
+            n += 1
+            try:
+                await self.ctx.report_progress(n, None, message)
+            except Exception as exc:  # noqa: BLE001 - progress is a courtesy; the run goes on
+                _log.debug("progress notification not sent: %s", exc)
+
+    async def close(self) -> None:
+        """Send what is queued, then stop (at once, if the call itself is being cancelled)."""
+        self.queue.put_nowait(None)
+        try:
+            await self.task
+        except asyncio.CancelledError:
+            self.task.cancel()
+            raise
+
+
+# ---- the server ----------------------------------------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (or `localhost`)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to serve HTTP off loopback without a token.
+
+    Raises:
+        McpAccessError: `host` is not loopback and no token is set.
+    """
+    if not token and not is_loopback(host):
+        raise McpAccessError(
+            f"rubricem mcp will not serve HTTP on {host} without a token: anyone who can reach it could run research "
+            "and read every session. Set RUBRICEM_MCP__TOKEN (clients send it as `Authorization: Bearer ...`), or "
+            "bind 127.0.0.1.")
+
+
+class StaticTokenVerifier:
+    """The SDK's TokenVerifier for one shared bearer token (constant-time comparison)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        """The access for a matching token, None otherwise."""
+        if hmac.compare_digest(token.encode(), self._token):
+            return AccessToken(token="***", client_id="rubricem-mcp-client", scopes=[])
+        return None
+
+
+def build_server(
+    services: Services, *, token: str | None = None, base_url: str | None = None,
+    on_event: Callable[[ev.Event], None] | None = None,
+) -> MCPServer:
+    """The MCP server over `services`.
+
+    Args:
+        token: require this bearer token (HTTP); `base_url` (e.g. http://127.0.0.1:8765/mcp) is then the resource
+            URL the SDK's auth metadata names.
+        on_event: also receives every research event (e.g. stderr progress for the operator).
+    """
+    auth: dict[str, Any] = {}
+    if token:
+        url = base_url or "http://127.0.0.1/mcp"
+        auth = {"auth": AuthSettings(issuer_url=url, resource_server_url=url, validate_token_resource=False),
+                "token_verifier": StaticTokenVerifier(token)}
+    app: MCPServer = MCPServer("rubricem", instructions=INSTRUCTIONS, **auth)
+    defaults = services.settings.agent.defaults
+
+    @app.tool(annotations=ToolAnnotations(read_only_hint=False, open_world_hint=True))
+    async def research(
+        question: str, ctx: Context, options: ResearchOptions | None = None
+    ) -> Annotated[CallToolResult, ResearchResult]:
+        """Research a question: plan, search, review the evidence against a self-written rubric, and answer with a
+        Markdown report whose [n] markers point to numbered references. Takes minutes; progress is reported per
+        stage. Returns the report, its references and the session id (for get_session)."""
+        opts = options or ResearchOptions()
+        chosen = opts.model_dump(exclude_none=True, exclude={"tools"})
+        try:
+            run_options = RunOptions.model_validate(defaults.model_dump() | chosen)
+        except ValidationError as exc:
+            raise ToolError(f"invalid options: {exc.errors(include_input=False)}") from exc
+        pump = ProgressPump(ctx, on_event)
+        try:
+            outcome = await services.research.run(question, run_options, on_event=pump, tools=opts.tools,
+                                                  source="api")
+        except InputError as exc:
+            raise ToolError(str(exc)) from exc
+        except RunFailedError as exc:
+            where = f"; session {exc.session_id} is marked failed" if exc.session_id else ""
+            raise ToolError(f"the research run failed ({exc}){where}") from exc
+        finally:
+            await pump.close()
+        report = outcome.report
+        result = ResearchResult(
+            session_id=outcome.session_id, report=report.markdown, references=references(report),
+            matched_after_writing=report.attributed, policy_version=outcome.policy_version,
+            tool_calls=len(outcome.trajectory.tool_calls),
+        )
+        text = f"{report.markdown.rstrip()}\n\n(session {outcome.session_id})"
+        return CallToolResult(content=[TextContent(type="text", text=text)],
+                              structured_content=result.model_dump(mode="json"))
+
+    @app.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def search_bank(
+        query: str,
+        k: Annotated[int, Field(ge=1, le=50)] = 5,
+        min_similarity: Annotated[float, Field(ge=-1.0, le=1.0)] = 0.0,
+    ) -> BankSearchResult:
+        """Search the rubric bank: reflections (rubrics and takeaways) the agent wrote on earlier, judged questions,
+        most similar question first."""
+        if not query.strip():
+            raise ToolError("the query is empty")
+        hits = await asyncio.to_thread(services.bank.search, query, k)
+        return BankSearchResult(hits=[
+            BankHit(id=h.item.id, question=h.item.question, similarity=round(h.similarity, 4), score=h.item.score,
+                    rubrics=h.item.rubrics, takeaways=h.item.takeaways, created_at=h.item.created_at)
+            for h in hits if h.similarity >= min_similarity
+        ])
+
+    @app.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def get_session(session_id: str, include_turns: bool = False) -> SessionResult:
+        """A logged research session: question, status, report with its references, tool calls and (with
+        include_turns) every turn of the plan, research, review and answer."""
+        try:
+            record = services.log.get(session_id.strip())  # a short read, on the loop's thread like the run's writes
+        except SessionNotFound as exc:
+            raise ToolError(f"no session with id {session_id!r}") from exc
+        return session_result(record, include_turns)
+
+    return app
