@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from store.records import Stage
 
@@ -107,6 +109,13 @@ class AgentConfig(BaseModel):
         "llamacpp: a llama-cpp-python server (CPU dev path).",
     )
     policy_base_url: str = Field(default="http://127.0.0.1:8000", description="Policy server root URL (no /v1).")
+    policy_base_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Several vLLM replicas of one policy, instead of POLICY_BASE_URL: root "
+        "URLs as a JSON list or comma-separated. Sessions spread over the healthy ones; promotion loads each adapter "
+        "on every one before `live` moves (README, Deployment).")
+    policy_replica_cooldown_s: float = Field(
+        default=30.0, gt=0, le=3600, description="With several replicas: one that failed a request (down, 5xx, "
+        "timeout, missing the adapter) is tried last for this many seconds.")
     policy_model: str = Field(default="policy", description="Served model/adapter alias sent as `model`.")
     policy_api_key: SecretStr | None = Field(default=None, description="Bearer token for the policy server.")
     policy_timeout_s: float = Field(default=300.0, gt=0, description="Per-request timeout, seconds.")
@@ -149,10 +158,50 @@ class AgentConfig(BaseModel):
         '{"name", "command", "args", "env", "url", "headers", "bearer_token", "tools", "prefix", "timeout_s", '
         '"max_results"} (README, MCP).')
 
+    @field_validator("policy_base_urls", mode="before")
+    @classmethod
+    def _url_list(cls, value: object) -> object:
+        """A JSON list, or comma-separated URLs (the environment's two forms); empty means none."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except ValueError:
+                    # Never quote the value: a URL may carry user:password.
+                    raise ValueError("policy_base_urls: not a valid JSON list (or give comma-separated URLs)") from None
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("policy_base_urls", mode="after")
+    @classmethod
+    def _strip_urls(cls, value: list[str]) -> list[str]:
+        return [url.strip() for url in value]
+
+    @property
+    def policy_urls(self) -> tuple[str, ...]:
+        """The policy server root URL(s): `policy_base_urls` when set, else the one `policy_base_url`."""
+        return tuple(self.policy_base_urls) or (self.policy_base_url,)
+
     @model_validator(mode="after")
     def _check(self) -> AgentConfig:
         if self.policy_base_url.rstrip("/").endswith("/v1"):
             raise ValueError("policy_base_url is the server root; drop the trailing /v1 (the client adds it)")
+        # Messages name positions, never the URLs: a URL may carry user:password.
+        seen: set[str] = set()
+        for i, url in enumerate(self.policy_base_urls):
+            root = url.strip().rstrip("/")
+            if not re.match(r"^https?://[^/\s]+", root):
+                raise ValueError(f"policy_base_urls[{i}] is not an http:// or https:// server root URL")
+            if root.endswith("/v1"):
+                raise ValueError(f"policy_base_urls[{i}] ends in /v1; give the server root (the client adds /v1)")
+            if root in seen:
+                raise ValueError(f"policy_base_urls[{i}] is listed twice; each replica once")
+            seen.add(root)
+        if (self.policy_base_urls and "policy_base_url" in self.model_fields_set
+                and self.policy_base_url.strip().rstrip("/") not in seen):
+            raise ValueError("policy_base_url and policy_base_urls are both set and disagree: set one of them "
+                             "(RUBRICEM_AGENT__POLICY_BASE_URLS for several replicas, or drop it for one server)")
         names = [s.name for s in self.mcp_servers]
         if len(names) != len(set(names)):
             raise ValueError(f"mcp_servers: each server needs its own name, got {names}")

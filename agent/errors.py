@@ -7,7 +7,8 @@
     │   ├── PolicyUnavailable connection refused / 5xx after retries
     │   ├── PolicyRateLimited 429 after retries
     │   ├── PolicyRequestError 4xx other than 429 (bad request, unknown model)
-    │   └── ContextTooLong    the prompt no longer fits the model's context
+    │   ├── ContextTooLong    the prompt no longer fits the model's context
+    │   └── ReplicaError      a step every vLLM replica must do (load an adapter, list models) failed on some
     ├── ToolError             a tool failed; the graph turns it into <tool_output> text for the model
     │   ├── SearchError       a search backend timed out, answered 5xx or malformed JSON
     │   ├── UnsafeURLError    browse_webpage refused a URL (SSRF guard)
@@ -21,6 +22,8 @@ propagates to the service, which marks the session failed so it is never trained
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 
 class AgentError(Exception):
@@ -57,6 +60,21 @@ class PolicyRequestError(PolicyError):
 
 class ContextTooLong(PolicyError):
     """The prompt plus the assistant sequence no longer fits the model's context window."""
+
+
+class ReplicaError(PolicyError):
+    """An operation that needs every policy replica (loading or unloading an adapter, listing the served models,
+    sleep/wake) failed on some of them (`agent.policy.replicas.ReplicaSet`).
+
+    `failures` maps each failed replica, named by its URL without credentials, to why it failed; `undone` names the
+    replicas an adapter load was taken back from (unloaded again) because another replica failed it. Messages never
+    hold an API key or URL credentials.
+    """
+
+    def __init__(self, message: str, failures: Mapping[str, str], undone: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.failures = dict(failures)
+        self.undone = tuple(undone)
 
 
 class ToolError(AgentError):

@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from store.registry import AliasChange
 
 
 def cmd_retrain(args: argparse.Namespace) -> int:
@@ -47,42 +52,59 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    """Make a version live by hand (it is loaded where it is served first)."""
+    """Make a version live by hand: it is served everywhere first (every vLLM replica, checked), then `live` moves."""
     from store.registry import Registry
     from store.session_log import SessionLog
 
     settings = Settings()
     reg = Registry(SessionLog.from_config(settings.store))
     version, old = reg.get(args.version), reg.live()
-    asyncio.run(_activate(settings, version, old))
-    change = reg.promote(version.name, args.reason or "promoted by hand")
+    change = asyncio.run(_move_live(settings, version, old,
+                                    lambda: reg.promote(version.name, args.reason or "promoted by hand")))
     print(f"live: {change.previous} -> {change.version}")
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    """Make the previously live version live again."""
+    """Make the previously live version live again: served everywhere first, then `live` moves back."""
+    from app.retrain import rollback_target
     from store.registry import Registry
     from store.session_log import SessionLog
 
     settings = Settings()
     reg = Registry(SessionLog.from_config(settings.store))
-    change = reg.rollback(args.reason or "rolled back by hand")
-    asyncio.run(_activate(settings, reg.get(change.version), reg.get(change.previous or change.version)))
+    current = reg.live()
+    target = rollback_target(reg)
+    reason = args.reason or "rolled back by hand"
+    change = asyncio.run(_move_live(settings, target, current, lambda: reg.rollback(reason)))
     print(f"live: {change.previous} -> {change.version}")
     return 0
 
 
-async def _activate(settings: Settings, version: object, old: object) -> None:
-    if settings.agent.policy_backend != "vllm":
-        return  # serving processes load the live adapter themselves
-    from app.retrain import RetrainApp
+async def _move_live(settings: Settings, new: Any, old: Any, flip: Callable[[], AliasChange]) -> AliasChange:
+    """Serve `new` where the policy is served, then `flip` the alias, then unload stale adapters after the grace.
 
-    app = RetrainApp(settings)
+    On vLLM, `prepare_live` loads `new` on every replica and checks each lists it; if one fails (down, load refused)
+    it raises before `flip`, so `live` does not move, and the adapter is unloaded again where it was loaded. The
+    embedded backend needs nothing here: serving processes load the live adapter themselves.
+    """
+    if settings.agent.policy_backend != "vllm":
+        return flip()
+    from app.container import build_policy
+    from app.retrain import prepare_live, unload_stale
+
+    policy: Any = build_policy(settings)
     try:
-        await app.activate(version, old)  # type: ignore[arg-type]
+        stale = await prepare_live(policy, settings, new, old)
+        change = flip()
+        if stale:
+            grace = settings.learning.retrain.unload_grace_s
+            print(f"waiting {grace:.0f}s before unloading old adapters {', '.join(stale)}", file=sys.stderr)
+            await asyncio.sleep(grace)
+            await unload_stale(policy, stale)
+        return change
     finally:
-        await app.aclose()
+        await policy.aclose()
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from chromadb.api import ClientAPI
 from agent.config import SHIPPED_SFT_ADAPTER
 from agent.errors import AgentError, ToolConfigError
 from agent.ingest import DEMO_SOURCE_PREFIX, ensure_demo_corpus
-from agent.policy import LlamaCppPolicyClient, VLLMPolicyClient
+from agent.policy import LlamaCppPolicyClient, ReplicaSet, VLLMPolicyClient
 from agent.protocols import PolicyClient, SearchTool
 from agent.tools.mcp_client import discover_sync
 from agent.tools.registry import BUILTIN_TOOL_NAMES, build_tools
@@ -38,14 +38,22 @@ class ConfigurationError(AgentError):
 
 
 def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient:
-    """The policy client the settings ask for."""
+    """The policy client the settings ask for: one vLLM or llama.cpp server, or a `ReplicaSet` over several vLLM
+    replicas (`policy_base_urls` with more than one URL)."""
     cfg = settings.agent
     key = cfg.policy_api_key.get_secret_value() if cfg.policy_api_key else None
+    urls = cfg.policy_urls
+    if len(urls) > 1 and cfg.policy_backend == "llamacpp":
+        raise ConfigurationError(
+            f"{len(urls)} policy URLs are set (RUBRICEM_AGENT__POLICY_BASE_URLS), but only the vllm backend serves "
+            "replicas: set RUBRICEM_AGENT__POLICY_BACKEND=vllm, or give one URL")
     if cfg.policy_backend == "vllm":
-        return VLLMPolicyClient(cfg.policy_base_url, cfg.policy_model, api_key=key, timeout_s=cfg.policy_timeout_s,
+        if len(urls) > 1:
+            return ReplicaSet.from_config(cfg)
+        return VLLMPolicyClient(urls[0], cfg.policy_model, api_key=key, timeout_s=cfg.policy_timeout_s,
                                 max_retries=cfg.policy_max_retries)
     if cfg.policy_backend == "llamacpp":
-        return LlamaCppPolicyClient(cfg.policy_base_url, cfg.policy_model, api_key=key,
+        return LlamaCppPolicyClient(urls[0], cfg.policy_model, api_key=key,
                                     timeout_s=cfg.policy_timeout_s, max_retries=cfg.policy_max_retries)
     try:
         from learning.local_policy import TransformersPolicyClient, ensure_converted

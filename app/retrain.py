@@ -10,18 +10,71 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import RunOptions, StageTokenCaps
-from app.container import Say, base_adapter, build_judge, build_policy, ensure_corpus, open_index
+from agent.policy import ReplicaSet
+from app.container import (
+    ConfigurationError,
+    Say,
+    base_adapter,
+    build_judge,
+    build_policy,
+    ensure_corpus,
+    open_index,
+)
 from app.service import ResearchService, adapter_version
 from app.settings import Settings
 from learning.evaluate import Probe
 from learning.pipeline import RetrainParts
 from learning.train_config import load_config
 from store.records import Trajectory
-from store.registry import Cycle, PolicyVersion, Registry
+from store.registry import LIVE, Cycle, PolicyVersion, Registry, RegistryError
 from store.session_log import SessionLog
 
 _log = logging.getLogger(__name__)
 PROBE_COUNT = 4
+
+
+async def prepare_live(policy: Any, settings: Settings, new: PolicyVersion, old: PolicyVersion) -> list[str]:
+    """Before `live` moves from `old` to `new` on vLLM: make every replica serve `new`, checked, or raise.
+
+    An adapter version is loaded where it is missing and each server's `/v1/models` must list it from its folder
+    (`ensure_adapter`; on a `ReplicaSet` all or nothing: if one replica fails, the adapter is unloaded again where
+    this call loaded it and `ReplicaError` names the replica). The base version needs no load, but every replica must
+    still answer and list the base model, so a replica that is down stops a promotion or rollback to it as well.
+    Returns the adapters older than `old` to unload once requests in flight are done (`old` stays for a rollback).
+    """
+    base = settings.agent.policy_model
+    if new.adapter_path is not None:
+        await policy.ensure_adapter(new.name, new.adapter_path)
+    elif base not in await policy.list_models():
+        raise ConfigurationError(f"the policy server does not list the base model {base!r} "
+                                 "(RUBRICEM_AGENT__POLICY_MODEL must be vLLM's --served-model-name)")
+    per_replica = await policy.listed() if isinstance(policy, ReplicaSet) else {"": await policy.list_models()}
+    keep = {new.name, old.name, base}
+    names = {m for listed in per_replica.values() for m in listed}
+    return sorted(m for m in names if m.startswith("policy@") and m not in keep)
+
+
+async def unload_stale(policy: Any, names: list[str]) -> None:
+    """Unload adapters no one is sent any more; a failure is logged (a leftover adapter costs memory only)."""
+    for name in names:
+        try:
+            await policy.unload_lora_adapter(name)
+        except Exception as exc:  # noqa: BLE001 - a leftover adapter costs memory, not correctness
+            _log.warning("could not unload %s: %s", name, exc)
+
+
+def rollback_target(registry: Registry) -> PolicyVersion:
+    """The version `Registry.rollback` would make live, found without moving `live` (the same rule: the version the
+    promotion of the current live one replaced, rollbacks skipped), so it can be loaded everywhere first.
+
+    Raises:
+        RegistryError: nothing to roll back to.
+    """
+    current = registry.live().name
+    for change in registry.history(limit=1_000_000_000):
+        if change.alias == LIVE and change.action != "rollback" and change.version == current and change.previous:
+            return registry.get(change.previous)
+    raise RegistryError(f"live is {current} and there is no earlier live version to roll back to")
 
 
 def probe_questions(settings: Settings) -> list[str]:
@@ -142,13 +195,12 @@ class RetrainApp:
         return probe
 
     async def _serve(self, policy: Any, version: PolicyVersion) -> None:
-        """Make `policy` answer with `version` (load the adapter in-process, or on the vLLM server)."""
+        """Make `policy` answer with `version` (load the adapter in-process, or on every vLLM replica)."""
         if self.settings.agent.policy_backend == "vllm":
             if version.adapter_path is None:
                 policy.set_model(self.settings.agent.policy_model)
                 return
-            if version.name not in await policy.list_models():
-                await policy.load_lora_adapter(version.name, version.adapter_path)
+            await policy.ensure_adapter(version.name, version.adapter_path)  # a ReplicaSet: on every replica or none
             policy.set_model(version.name)
             return
         start = base_adapter(self.settings)
@@ -160,25 +212,19 @@ class RetrainApp:
             await policy.aload_adapter(version.adapter_path, version.name)
 
     async def activate(self, new: PolicyVersion, old: PolicyVersion) -> None:
-        """Make `new` servable before the alias flips. vLLM: load it on the server; adapters older than `old` are
+        """Make `new` servable before the alias flips. vLLM: every replica serves it, checked (`prepare_live`;
+        a failed replica raises ReplicaError and the cycle fails with it named); adapters older than `old` are
         unloaded after the grace period (old stays loaded for a rollback). Embedded: serving processes load it."""
         if self.settings.agent.policy_backend != "vllm":
             return
         policy = self._policy()
-        if new.name not in await policy.list_models():
-            await policy.load_lora_adapter(new.name, new.adapter_path)
-        keep = {new.name, old.name, self.settings.agent.policy_model}
-        stale = [m for m in await policy.list_models() if m.startswith("policy@") and m not in keep]
+        stale = await prepare_live(policy, self.settings, new, old)
         if stale:
             self._pending.append(asyncio.create_task(self._unload_later(policy, stale)))
 
     async def _unload_later(self, policy: Any, names: list[str]) -> None:
         await asyncio.sleep(self.settings.learning.retrain.unload_grace_s)  # requests in flight finish first
-        for name in names:
-            try:
-                await policy.unload_lora_adapter(name)
-            except Exception as exc:  # noqa: BLE001 - a leftover adapter costs memory, not correctness
-                _log.warning("could not unload %s: %s", name, exc)
+        await unload_stale(policy, names)
 
     async def _sleep(self) -> None:
         self.say("one-GPU mode: putting the vLLM server to sleep for training")

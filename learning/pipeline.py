@@ -10,7 +10,8 @@ Stages (the cycle row's `stage` after each): start → judged → trained → re
   held-out judge decides (learning/evaluate.py).
 - done: promoted (the activation hook loads it where it is served, then the live alias flips) or rejected with a
   reason. The live alias only ever moves in one SQLite transaction, after the adapter is complete and loaded.
-An exception marks the cycle failed (live untouched); a killed process leaves it running, and the next call resumes.
+An exception marks the cycle failed (live untouched; a policy replica that failed to load the candidate is listed
+in the cycle's numbers as `failed_replicas`); a killed process leaves it running, and the next call resumes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.errors import ReplicaError
 from learning.config import RetrainConfig
 from learning.evaluate import GateReport, Probe, adapter_problem, decide, score_version
 from learning.judge.pipeline import judge_pending
@@ -72,7 +74,9 @@ async def retrain(parts: RetrainParts, cfg: RetrainConfig, *, trigger: str = "cl
         return await _run(parts, cfg, cycle, force, say)
     except BaseException as exc:
         if isinstance(exc, Exception):
-            reg.finish_cycle(cycle.cycle_id, "failed", error=f"{type(exc).__name__}: {exc}")
+            # A policy replica that failed a load (probe or promotion) is named in the record, not only the message.
+            numbers = {"failed_replicas": sorted(exc.failures)} if isinstance(exc, ReplicaError) else None
+            reg.finish_cycle(cycle.cycle_id, "failed", error=f"{type(exc).__name__}: {exc}", numbers=numbers)
         raise  # KeyboardInterrupt and kills leave the cycle running: the next call resumes it
 
 

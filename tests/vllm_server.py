@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import socket
 import threading
 import time
 import uuid
@@ -161,7 +162,10 @@ class VLLMStandInServer:
 
     Constructor flags stand for vLLM's start-up switches: `runtime_lora_updating` for
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (else the load/unload routes are 404), `dev_mode` for VLLM_SERVER_DEV_MODE=1
-    (else the sleep routes are 404), `enable_lora` for --enable-lora, `api_key` for --api-key.
+    (else the sleep routes are 404), `enable_lora` for --enable-lora, `api_key` for --api-key. `fail_lora_loads`
+    (settable while running) makes the engine fail every adapter load with a 500, as vLLM answers an engine failure
+    such as running out of GPU memory for the weights. A replica that is down is a stopped server; one that restarts
+    is a new server on the same port (it has lost its runtime-loaded adapters, as vLLM does).
 
     Generation: the script's text (`echo_model_script` by default) is tokenized and followed by EOS; tokens are
     emitted one by one (`token_delay_s` apart, so concurrent requests overlap a swap) with vLLM's stop semantics:
@@ -186,6 +190,7 @@ class VLLMStandInServer:
         token_delay_s: float = 0.0,
         load_delay_s: float = 0.0,
         script: Script = echo_model_script,
+        fail_lora_loads: str | None = None,
     ) -> None:
         """Configure the server (nothing listens until `start()`).
 
@@ -195,6 +200,7 @@ class VLLMStandInServer:
             token_delay_s: pause before each generated token.
             load_delay_s: pause while "loading" an adapter's weights.
             script: what the model says for a request (then EOS).
+            fail_lora_loads: when set, every adapter load fails with a 500 carrying this reason.
         """
         self.tokenizer_dir = str(tokenizer_dir)
         self.tok = _load_tokenizer(self.tokenizer_dir)
@@ -209,6 +215,7 @@ class VLLMStandInServer:
         self.token_delay_s = token_delay_s
         self.load_delay_s = load_delay_s
         self.script = script
+        self.fail_lora_loads = fail_lora_loads
         self.engine_dead = False  # /health answers 503 when set
         self.created = int(time.time())
         self.engine = _Engine()
@@ -243,11 +250,13 @@ class VLLMStandInServer:
         return self
 
     def stop(self) -> None:
-        """Stop listening; requests held by sleep mode are released."""
+        """Stop as a crashed or stopped process does: stop listening and drop every open connection (a client's
+        kept-alive connection too, so its next request fails); requests held by sleep mode are released."""
         self.engine.stop()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
+            self._httpd.drop_connections()  # type: ignore[attr-defined]
         if self._thread is not None:
             self._thread.join(timeout=10)
 
@@ -567,6 +576,8 @@ class VLLMStandInServer:
                               "adapter in place, set 'load_inplace' to True.", "InvalidUserInput")  # fmt: skip
             if not self.enable_lora:
                 return _error(500, "LoRA is not enabled. Use --enable-lora to enable LoRA.", "InternalServerError")
+            if self.fail_lora_loads:
+                return _error(500, f"Loading lora {name} failed: {self.fail_lora_loads}", "InternalServerError")
             config_path = Path(path) / "adapter_config.json"
             if not config_path.is_file():
                 return _error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
@@ -626,6 +637,31 @@ class VLLMStandInServer:
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 2048  # uvicorn's backlog; the default 5 resets bursts of concurrent connections
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        """Shut every open connection down (the handler threads then end on EOF or a broken pipe)."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -4,12 +4,14 @@ Both normalise a completion to `agent.protocols.Generation`, retry transient fai
 the typed errors of `agent.errors`. Pure httpx; no torch.
 
 Modules: `transport` (the shared httpx transport, retries and error mapping), `completions` (argument checks and
-response parsing both servers share), `vllm` (`VLLMPolicyClient`) and `llamacpp` (`LlamaCppPolicyClient`,
+response parsing both servers share), `vllm` (`VLLMPolicyClient`), `replicas` (`ReplicaSet`: several vLLM replicas
+of one policy, with failover and all-or-nothing adapter loads) and `llamacpp` (`LlamaCppPolicyClient`,
 `render_chatml`).
 """
 
 from agent.policy.completions import check_generate_args
 from agent.policy.llamacpp import SMOLLM2_DEFAULT_SYSTEM, LlamaCppPolicyClient, render_chatml
+from agent.policy.replicas import ReplicaSet, redact_url
 from agent.policy.vllm import SLEEP_MODES, VLLM_MAX_STOP_STRINGS, VLLM_RUNTIME_LORA_ENV, VLLMPolicyClient
 
 __all__ = [
@@ -18,7 +20,9 @@ __all__ = [
     "VLLM_MAX_STOP_STRINGS",
     "VLLM_RUNTIME_LORA_ENV",
     "LlamaCppPolicyClient",
+    "ReplicaSet",
     "VLLMPolicyClient",
     "check_generate_args",
+    "redact_url",
     "render_chatml",
 ]

@@ -89,8 +89,10 @@ class HTTPPolicyBase:
     def from_config(cls, config: AgentConfig, transport: httpx.AsyncBaseTransport | None = None) -> Self:
         """A client for the policy endpoint described by the agent settings."""
         key = config.policy_api_key.get_secret_value() if config.policy_api_key is not None else None
+        if len(config.policy_urls) > 1:
+            raise ValueError("several policy URLs are set: build an agent.policy.ReplicaSet for them, not one client")
         return cls(
-            config.policy_base_url,
+            config.policy_urls[0],
             config.policy_model,
             api_key=key,
             timeout_s=config.policy_timeout_s,

