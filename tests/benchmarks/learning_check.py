@@ -19,8 +19,12 @@ Writes OUT/learning_check.json (every number, per-sample scores included) and OU
         --out docs/learning_check        # the recorded run: about 50 min on 2 idle CPU cores
     .venv/bin/python tests/benchmarks/learning_check.py --init-adapter agent/adapters/smollm2-sft --steps 2 \
         --eval-every 2 --heldout 4 --eval-samples 1 --batch-questions 1 --rollouts 4 --temperature 0.8 \
-        --caps 352,128,224,160 --max-tool-calls 2 --lr 5e-4 --snippets 3 --snippet-chars 300 --threads 2 \
+        --caps 352,128,224,160 --max-tool-calls 2 --lr 5e-5 --snippets 3 --snippet-chars 300 --threads 2 \
         --dtype bfloat16 --out docs/learning_check/sft   # from the shipped SFT adapter; caps fit its plans (p90)
+
+From an SFT adapter the learning rate must be small: Adam's first steps move every parameter by about lr, and the
+shipped adapter's LoRA B weights average |5.3e-3|, so lr 5e-4 (measured: one step) moved them ~10 % at once and the
+policy stopped writing plans (`<structured_plan></structured_plan>`; held-out Plan 1.00 -> 0.00 after 2 steps).
 
 The recorded runs are --seed 0 (docs/learning_check) and --seed 1 (docs/learning_check/seed1, other held-out
 questions); `learning_check_pool.py` pools their paired differences.
