@@ -36,6 +36,7 @@ import math
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
@@ -73,6 +74,7 @@ _INDEX_COMPLETE = "complete"  # index metadata: "yes" once every item of that co
 MAX_TEXT_CHARS = 20_000  # per block; a reflection is a few hundred words
 
 RequestedMode = Literal["auto", "within", "cross"]
+_NOT_ON_DISK = "Nothing found on disk"  # Chroma server: no HNSW segment persisted yet
 
 
 class BankError(StoreError):
@@ -386,13 +388,27 @@ class RubricBank:
         # `count()` first either (another scan): Chroma returns fewer results than asked only when the bank has no
         # more, which ends the deepening.
         depth = k + 2 if exclude_sha else k
+        retries = 0
         while True:
-            with chroma_errors("search the rubric bank", BankError):
-                res = self._collection.query(
-                    query_embeddings=[vec],  # type: ignore[arg-type]
-                    n_results=depth,
-                    include=["documents", "metadatas", "distances"],
-                )
+            try:
+                with chroma_errors("search the rubric bank", BankError):
+                    res = self._collection.query(
+                        query_embeddings=[vec],  # type: ignore[arg-type]
+                        n_results=depth,
+                        include=["documents", "metadatas", "distances"],
+                    )
+            except BankError as exc:
+                # A Chroma server answers a query on a collection whose vectors are not on disk yet (empty, or a
+                # writer's first add in flight) with "Nothing found on disk". Only then is count() worth its cost:
+                # an empty bank has no hits; otherwise the query is retried a few times.
+                if _NOT_ON_DISK not in str(exc) or retries >= 3:
+                    raise
+                retries += 1
+                with chroma_errors("count the rubric bank", BankError):
+                    if self._collection.count() == 0:
+                        return []
+                time.sleep(0.05 * retries)
+                continue
             ids, docs = res["ids"][0], (res["documents"] or [[]])[0]
             metas, dists = (res["metadatas"] or [[]])[0], (res["distances"] or [[]])[0]
             hits = [BankHit(_item(i, d, m), 1.0 - float(dist))
