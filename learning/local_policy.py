@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import fcntl
 import importlib.util
+import inspect
 import json
 import logging
 import math
@@ -249,6 +250,7 @@ class TransformersPolicyClient:
         self._closed = False
         self._reuse_prefix = reuse_prefix
         self._cache: Any = None
+        self._cache_arg: str | None = None
         self._cache_ids: list[int] = []
         self._last_prompt: tuple[int, ...] = ()
         self._eos_ids = self._collect_eos_ids()
@@ -514,15 +516,24 @@ class TransformersPolicyClient:
             self._cache_ids = []
         self._last_prompt = prompt
         ids = torch.tensor([prompt[start:]], dtype=torch.long)
-        out = self._model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+        out = self._model(input_ids=ids, **{self._cache_kw(): self._cache}, use_cache=True, logits_to_keep=1)
         self._cache_ids.extend(prompt[start:])
         return out.logits[0, -1].float()
+
+    def _cache_kw(self) -> str:
+        """The forward argument that takes the KV cache: `cache` from transformers 5.2x, `past_key_values` before
+        (still accepted, with a FutureWarning on every run's first forward)."""
+        if self._cache_arg is None:
+            model = self._model.get_base_model() if hasattr(self._model, "get_base_model") else self._model
+            params = inspect.signature(type(model).forward).parameters
+            self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        return self._cache_arg
 
     def _step(self, token: int) -> torch.Tensor:
         import torch
 
         out = self._model(
-            input_ids=torch.tensor([[token]], dtype=torch.long), past_key_values=self._cache, use_cache=True
+            input_ids=torch.tensor([[token]], dtype=torch.long), **{self._cache_kw(): self._cache}, use_cache=True
         )
         self._cache_ids.append(token)
         return out.logits[0, -1].float()

@@ -41,7 +41,9 @@ WRITE_BATCH = 256  # chunks embedded and written per step; also the progress gra
 ProgressFn = Callable[[int, int], None]
 """progress(done, total): called after each batch of chunks is embedded and written."""
 
-_TOKEN = re.compile(r"\w+", re.UNICODE)
+# Word characters without the underscore: a small model sometimes writes its query as one snake_case identifier
+# ('haymo_of_faversham'), which `\w+` would keep as a single token that matches no passage.
+_TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
 _META_MODEL = "embedding_model"
 _META_REVISION = "revision"
 
@@ -118,8 +120,27 @@ def chunk_id(source: str, chunk: int) -> str:
 
 
 def tokenize(text: str) -> list[str]:
-    """BM25 tokens: lower-cased word characters (Unicode-aware, so accented names survive)."""
+    """BM25 tokens: lower-cased runs of letters and digits (Unicode-aware, so accented names survive; `_` splits)."""
     return _TOKEN.findall(text.lower())
+
+
+def normalise_query(query: str) -> str:
+    """The query as searched: `_` read as a space, and a phrase of 1-4 words written three or more times back to back
+    kept once.
+
+    A small sampled model sometimes writes 'books_being_translated_being_translated_being_translated': searched
+    verbatim, the loop outweighs the question's own words in both rankings. Two in a row stay ('Bora Bora',
+    'Walla Walla' are names); a loop repeats more.
+    """
+    out: list[str] = []
+    for word in query.replace("_", " ").split():
+        out.append(word)
+        low = [w.lower() for w in out[-12:]]
+        for n in range(1, 5):
+            if len(low) >= 3 * n and low[-n:] == low[-2 * n:-n] == low[-3 * n:-2 * n]:
+                del out[-2 * n:]
+                break
+    return " ".join(out)
 
 
 def search_text(title: str, text: str) -> str:
@@ -207,7 +228,8 @@ class DocIndex:
         Raises:
             DocIndexError: Chroma or the embedding model failed.
         """
-        if not query.strip() or k <= 0:
+        query = normalise_query(query)
+        if not query or k <= 0:
             return []
         cache = self._bm25_cache()
         n = len(cache.ids)

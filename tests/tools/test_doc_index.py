@@ -13,7 +13,7 @@ from agent.errors import SearchError
 from agent.ingest import DEMO_SOURCE_PREFIX, ensure_demo_corpus, load_demo_corpus
 from agent.tools import LocalSearch
 from store.config import StoreConfig
-from store.doc_index import RRF_K, DocIndex, DocIndexError, Document
+from store.doc_index import RRF_K, DocIndex, DocIndexError, Document, normalise_query, tokenize
 
 # ---- search quality and fusion on 40 real passages ------------------------------------------------------------------
 
@@ -40,6 +40,28 @@ def test_fused_score_is_reciprocal_rank_fusion(passage_index: DocIndex) -> None:
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     top = hits[0]
     assert top.title == "Journal of Mathematical Physics" and top.bm25_rank == 1
+
+
+def test_snake_case_and_looping_queries_search_their_words(passage_index: DocIndex) -> None:
+    """A query written as one snake_case identifier, or looping on a phrase, finds what its words find."""
+    for doc in sample_passages()[:4]:
+        words = doc.title.split()
+        snake = "_".join(words)
+        looped = " ".join(words + words[-1:] * 4)
+        for query in (snake, looped):
+            hits = passage_index.search(query, 5)
+            assert doc.title in [h.title for h in hits], (query, doc.title)
+            assert any(h.bm25_rank is not None for h in hits if h.title == doc.title), query
+
+
+def test_normalise_query_by_hand() -> None:
+    assert normalise_query("books_being_translated") == "books being translated"
+    assert normalise_query("a b a b a b c") == "a b c"
+    assert normalise_query("x x x x x y") == "x y"
+    assert normalise_query("Bora Bora island") == "Bora Bora island"  # two in a row is a name, not a loop
+    assert normalise_query("New York, New Jersey") == "New York, New Jersey"
+    assert normalise_query(" _ _ ") == ""
+    assert tokenize("haymo_of_faversham Éloïse") == ["haymo", "of", "faversham", "éloïse"]
 
 
 def test_blank_query_and_zero_k(passage_index: DocIndex) -> None:
