@@ -55,6 +55,7 @@ class AgentDeps:
     prompt_sha: str = ""
     started_at: float = 0.0  # clock() at run start; set by run_research
     generate_calls: int = 0  # policy calls so far in this run (each gets seed + this, when seeded)
+    approve_plan: bool = False  # pause after the plan for the user's approval (needs a checkpointer; issue 21)
 
     def elapsed(self) -> float:
         """Seconds since the run started."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
 from agent.deps import AgentDeps
 from agent.nodes.answer import answer
+from agent.nodes.approve import approve
 from agent.nodes.plan import plan
 from agent.nodes.research import research
 from agent.nodes.review import review
@@ -14,13 +16,15 @@ from agent.nodes.tools import tools
 from agent.state import ResearchState
 
 
-def build_graph() -> CompiledStateGraph:  # type: ignore[type-arg]
-    """Compile the research graph; routing is done by each node's Command."""
+def build_graph(checkpointer: BaseCheckpointSaver[str] | None = None) -> CompiledStateGraph:  # type: ignore[type-arg]
+    """Compile the research graph; routing is done by each node's Command. With a checkpointer, every step is
+    saved on the run's thread (durable sessions, plan approval)."""
     g = StateGraph(ResearchState, context_schema=AgentDeps)
     g.add_node("plan", plan)
+    g.add_node("approve", approve)  # reached only when the run asked for plan approval
     g.add_node("research", research)
     g.add_node("tools", tools)
     g.add_node("review", review)
     g.add_node("answer", answer)
     g.add_edge(START, "plan")
-    return g.compile()
+    return g.compile(checkpointer=checkpointer)

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.types import Command
 
 from agent import bank, prompts
+from agent.approval import PlanForApproval
 from agent.config import FormatLabel
 from agent.deps import AgentDeps
 from agent.errors import InputError
@@ -21,6 +26,21 @@ class RunResult:
 
     trajectory: Trajectory
     report: Report
+
+
+@dataclass(frozen=True, slots=True)
+class PausedRun:
+    """A durable run that stopped after the plan to wait for the user's approval (its checkpoint holds the rest)."""
+
+    plan: PlanForApproval
+    trajectory: Trajectory  # the turns so far
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedRun:
+    """A durable run whose plan the user rejected: it ends after the plan."""
+
+    trajectory: Trajectory
 
 
 def validate_question(question: str, max_chars: int) -> str:
@@ -75,27 +95,73 @@ async def render_prompt(question: str, deps: AgentDeps, references: Retrieval | 
     return PromptRecord(text=ctx.text, token_ids=ctx.token_ids, prompt_sha=deps.prompt_sha)
 
 
+def _recursion_limit(deps: AgentDeps) -> int:
+    # Each research turn + tool call is two steps; plan, approval, review and answer and a margin come on top.
+    return 2 * deps.options.max_tool_calls + 12
+
+
+def _trajectory(session_id: str, question: str, prompt: PromptRecord, state: Mapping[str, Any],
+                injected_bank_items: tuple[str, ...]) -> Trajectory:
+    return Trajectory(
+        session_id=session_id,
+        question=question,
+        prompt=prompt,
+        turns=tuple(state.get("turns", [])),
+        tool_calls=tuple(state.get("tool_calls", [])),
+        malformed=bool(state.get("malformed_stages")),
+        max_consecutive_tool_errors=state.get("max_consecutive_tool_errors", 0),
+        injected_bank_items=injected_bank_items,
+    )
+
+
+def initial_state(prompt: PromptRecord, approve_plan: bool | None = None) -> dict[str, Any]:
+    """The graph's input for a new run (a durable run keeps whether it asks for approval, for its resume)."""
+    state: dict[str, Any] = {"prompt": PromptContext(prompt.text, prompt.token_ids), "turns": [], "tool_calls": []}
+    if approve_plan is not None:
+        state["approve_plan"] = approve_plan
+    return state
+
+
 async def execute(
     session_id: str, question: str, prompt: PromptRecord, deps: AgentDeps, injected_bank_items: tuple[str, ...] = ()
 ) -> RunResult:
     """Run the graph from a rendered prompt to the answer; turns reach deps.recorder as they are made."""
     if not deps.started_at:
         deps.started_at = deps.clock()
-    # Each research turn + tool call is two steps; plan, review and answer and a margin come on top.
-    limit = 2 * deps.options.max_tool_calls + 12
     final = await build_graph().ainvoke(
-        {"prompt": PromptContext(prompt.text, prompt.token_ids), "turns": [], "tool_calls": []},
-        config={"recursion_limit": limit},
-        context=deps,
+        initial_state(prompt), config={"recursion_limit": _recursion_limit(deps)}, context=deps
     )
-    traj = Trajectory(
-        session_id=session_id,
-        question=question,
-        prompt=prompt,
-        turns=tuple(final.get("turns", [])),
-        tool_calls=tuple(final.get("tool_calls", [])),
-        malformed=bool(final.get("malformed_stages")),
-        max_consecutive_tool_errors=final.get("max_consecutive_tool_errors", 0),
-        injected_bank_items=injected_bank_items,
-    )
+    traj = _trajectory(session_id, question, prompt, final, injected_bank_items)
+    return RunResult(traj, build_report(traj))
+
+
+async def execute_durable(
+    session_id: str,
+    question: str,
+    prompt: PromptRecord,
+    deps: AgentDeps,
+    *,
+    checkpointer: BaseCheckpointSaver[str],
+    thread_id: str,
+    start: bool,
+    resume_value: Mapping[str, Any] | None = None,
+    injected_bank_items: tuple[str, ...] = (),
+) -> RunResult | PausedRun | RejectedRun:
+    """Run (start=True) or continue (from the thread's last checkpoint) a run whose every step is checkpointed.
+
+    `resume_value` answers a paused plan (`agent.approval.PlanDecision.to_dict`); without it a continued run goes
+    on from where it was cut off (or pauses again, if it was waiting for approval).
+    """
+    if not deps.started_at:
+        deps.started_at = deps.clock()
+    graph_input: Any = initial_state(prompt, deps.approve_plan) if start else (
+        Command(resume=dict(resume_value)) if resume_value is not None else None)
+    config = {"configurable": {"thread_id": thread_id}, "recursion_limit": _recursion_limit(deps)}
+    final = await build_graph(checkpointer).ainvoke(graph_input, config=config, context=deps)
+    traj = _trajectory(session_id, question, prompt, final, injected_bank_items)
+    interrupts = final.get("__interrupt__") or ()
+    if interrupts:
+        return PausedRun(PlanForApproval.from_dict(interrupts[0].value), traj)
+    if (final.get("approval") or {}).get("action") == "reject":
+        return RejectedRun(traj)
     return RunResult(traj, build_report(traj))

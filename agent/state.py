@@ -22,3 +22,5 @@ class ResearchState(TypedDict, total=False):
     consecutive_tool_errors: int
     max_consecutive_tool_errors: int
     malformed_stages: list[str]
+    approve_plan: bool  # durable runs only: whether the plan pauses for approval (read back on resume)
+    approval: dict[str, object] | None  # the user's answer to the paused plan (agent.approval.PlanDecision)

@@ -16,7 +16,8 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from agent.errors import AgentError, IngestError, InputError
-from app import cli_bank, cli_batch, cli_deeprubric, cli_loop, cli_mcp, cli_sft, cli_train, cli_ui
+from app import cli_bank, cli_batch, cli_deeprubric, cli_loop, cli_mcp, cli_resume, cli_sft, cli_train, cli_ui
+from app import cli_users
 from app.cli_common import Progress
 from app.cli_common import run_options as _run_options
 from app.container import ConfigurationError
@@ -59,6 +60,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     async def go() -> Any:
         try:
+            if args.approve_plan:  # pause after the plan and ask (issue 21; app/cli_resume.py)
+                svc = services.research
+                return await cli_resume.drive(
+                    svc.start(question, options, on_event=progress.event, source="cli", approve_plan=True),
+                    lambda sid, d: svc.resume(sid, d, on_event=progress.event))
             return await services.research.run(question, options, on_event=progress.event, source="cli")
         finally:
             await services.policy.aclose()
@@ -69,6 +75,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
         where = f"; session {exc.session_id} is marked failed" if exc.session_id else ""
         print(f"error: the research run failed ({exc}){where}", file=sys.stderr)
         return 1
+    if outcome is None or not hasattr(outcome, "report"):  # the user rejected the plan, or left it waiting
+        return cli_resume.print_outcome(outcome, progress)
     report = outcome.report
     progress.say(
         f"done: {len(outcome.trajectory.tool_calls)} tool calls, {len(report.references)} references"
@@ -112,8 +120,11 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
     settings = Settings()
     log = SessionLog.from_config(settings.store)
+    if args.action == "list" and args.user == "":
+        cli_users.print_user_counts(log)
+        return 0
     if args.action == "list":
-        rows = log.list_sessions(limit=args.limit, status=args.status, sources=args.source)
+        rows = log.list_sessions(limit=args.limit, status=args.status, sources=args.source, owner=args.user)
         if not rows:
             print("no sessions")
         for r in rows:
@@ -124,6 +135,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     print(f"session   {rec.session_id}\nstatus    {rec.status}\nquestion  {rec.question}\npolicy    {rec.policy_version}")
     print(f"created   {rec.created_at}\nfinished  {rec.finished_at or '-'}")
     print(f"source    {rec.source}{' (never trained on)' if rec.training_opt_out else ''}")
+    print(f"owner     {rec.owner}")
     if rec.error:
         print(f"error     {rec.error}")
     print(f"turns     {len(traj.turns)} ({sum(len(t.token_ids) for t in traj.turns)} tokens, "
@@ -268,6 +280,8 @@ def parser() -> argparse.ArgumentParser:
     ask.add_argument("--adapter", help="a trained LoRA adapter folder (embedded backend), e.g. from rubricem train; "
                      "`none` for the plain base model (default: the shipped SFT adapter, unless "
                      "RUBRICEM_AGENT__EMBEDDED_SFT=false)")
+    ask.add_argument("--approve-plan", action="store_true", dest="approve_plan",
+                     help="pause after the plan to accept, edit or reject it (interactive)")
     ask.set_defaults(func=cmd_ask)
     ing = sub.add_parser("ingest", help="add files (txt, md, html, pdf, jsonl) or a folder to the local index")
     ing.add_argument("path")
@@ -303,10 +317,13 @@ def parser() -> argparse.ArgumentParser:
     lst.add_argument("--source", action="append", choices=list(get_args(SessionSource)),
                      help="only sessions from this source (repeatable): chat, cli, batch, api, eval (benchmark runs), "
                      "probe (promotion-gate probes), rollout")
+    lst.add_argument("--user", nargs="?", const="", help="only this person's sessions; without a name, the number "
+                     "of sessions per person")
     show = ses_sub.add_parser("show")
     show.add_argument("session_id")
     show.add_argument("--turns", action="store_true", help="print every turn")
     ses.set_defaults(func=cmd_sessions)
+    cli_resume.add_parsers(sub, ses_sub)
     cli_bank.add_parsers(sub)
     cli_train.add_parsers(sub)
     cli_sft.add_parsers(sub)
@@ -315,6 +332,7 @@ def parser() -> argparse.ArgumentParser:
     cli_batch.add_parsers(sub)
     cli_ui.add_parsers(sub)
     cli_mcp.add_parsers(sub)
+    cli_users.add_parsers(sub)
     return p
 
 

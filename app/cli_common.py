@@ -52,6 +52,9 @@ class Progress:
                 self.say(f"  {tool}: {query[:100]!r}")
             case ev.SearchDone(tool=tool, results=n, error=err):
                 self.say(f"  {tool}: {'error: ' + err if err else f'{n} results'}")
+            case ev.SessionResumed(session_id=sid, dropped_turns=n):
+                self.say(f"session {sid} resumed from its last checkpoint"
+                         + (f" ({n} turn(s) written after it are made again)" if n else ""))
             case ev.Note(kind="research_stopped", data=d):
                 self.say(f"  research stopped ({d.get('reason')}) after {d.get('tool_calls')} tool calls")
             case _:

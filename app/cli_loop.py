@@ -34,13 +34,19 @@ def cmd_versions(args: argparse.Namespace) -> int:
     from store.registry import Registry
     from store.session_log import SessionLog
 
-    reg = Registry(SessionLog.from_config(Settings().store))
+    from store.deletion import versions_trained_on_deleted_data
+
+    log = SessionLog.from_config(Settings().store)
+    reg = Registry(log)
     live = reg.live().name
+    deleted = versions_trained_on_deleted_data(log)
     for v in reg.versions():
         mark = "*" if v.name == live else " "
         score = (v.eval_report or {}).get("candidate", {}).get("total")
+        # Data deleted later is still inside the adapter; the mark says so (README: People, privacy and consent).
+        gone = f"  [trained on data deleted later: {deleted[v.name]} deletion(s)]" if v.name in deleted else ""
         print(f"{mark} {v.name:<12} {v.status:<9} parent {v.parent or '-':<10} {v.created_at[:19]}  "
-              f"{'probe ' + format(score, '.4f') if score is not None else '':<13} {v.reason or ''}")
+              f"{'probe ' + format(score, '.4f') if score is not None else '':<13} {v.reason or ''}{gone}")
     print("\nalias moves:")
     for h in reg.history(limit=args.limit):
         print(f"  {h.created_at[:19]}  {h.action:<8} {h.previous or '-'} -> {h.version}  {h.reason}")

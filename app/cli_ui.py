@@ -21,12 +21,25 @@ def streamlit_command(host: str, port: int) -> list[str]:
             "--client.toolbarMode", "minimal"]
 
 
+def _has_accounts(settings: Settings) -> bool:
+    """Whether named password accounts exist (`rubricem users add`): they are a login, also off loopback."""
+    from store.errors import StoreError
+    from store.session_log import SessionLog
+    from store.users import Users
+
+    try:
+        with SessionLog.from_config(settings.store) as log:
+            return any(u.kind == "password" for u in Users(log).list())
+    except StoreError:  # an unreachable store fails the page later, with its own message
+        return False
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     """Serve the UI until interrupted."""
     settings = Settings()
     host = args.host or settings.ui.host
     port = args.port or settings.ui.port
-    policy = access_policy(host, settings.ui)  # UIAccessError (a ValueError) before anything starts
+    policy = access_policy(host, settings.ui, accounts=_has_accounts(settings))  # UIAccessError before anything starts
     how = "login: " + ", ".join(policy.methods) if policy.login_required else "open on loopback"
     print(f"rubricem ui on http://{host}:{port} ({how}); Ctrl-C stops it", file=sys.stderr, flush=True)
     # The page reads its bind address from Streamlit's server.address, so the login rule follows --host. exec, not

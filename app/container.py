@@ -163,8 +163,19 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
     registry = Registry(log)
     embed = partial(embed_texts, model_name=settings.store.embedding_model) if settings.agent.attribute_uncited else None
     research = ResearchService(policy, tools, log, settings.agent, bank, live=registry, embed=embed,
-                               base_adapter=base_adapter(settings))
+                               base_adapter=base_adapter(settings), durable=durable_sessions(settings, log))
     return Services(settings, log, index, tools, policy, research, bank, registry)
+
+
+def durable_sessions(settings: Settings, log: SessionLog) -> Any:
+    """Checkpointing for the service's sessions (issue 21), or None when RUBRICEM_SESSIONS__CHECKPOINTS=false."""
+    from app.durable import DurableSessions
+
+    cfg = settings.sessions
+    if not cfg.checkpoints:
+        return None
+    return DurableSessions.for_store(log, settings.store, keep_checkpoints=cfg.keep_checkpoints,
+                                     approval_expiry_s=cfg.approval_expiry_s)
 
 
 def build_judge_client(settings: Settings) -> Any:

@@ -85,6 +85,7 @@ class CycleRow:
     started_at: str
     finished_at: str | None
     new_sessions: int | None = None
+    skipped_sessions: int | None = None  # left out: their owner does not consent, or they were opted out
     judged: int | None = None
     judge_failures: int | None = None
     candidate_score: float | None = None
@@ -200,7 +201,8 @@ def _cycle_row(c: Cycle) -> CycleRow:
     return CycleRow(
         cycle_id=c.cycle_id, trigger=c.trigger, status=c.status, stage=c.stage, stage_reached=_stage_reached(c),
         candidate=c.candidate, reason=c.error or _text(n.get("reason")), started_at=c.started_at,
-        finished_at=c.finished_at, new_sessions=_count(n.get("new_sessions")), judged=_count(n.get("judged")),
+        finished_at=c.finished_at, new_sessions=_count(n.get("new_sessions")),
+        skipped_sessions=_count(n.get("skipped_sessions")), judged=_count(n.get("judged")),
         judge_failures=_count(n.get("judge_failures")), candidate_score=_number(n.get("candidate_score")),
         live_score=_number(n.get("live_score")), numbers=n,
     )

@@ -102,9 +102,26 @@ class RunFailed:
     error: str
 
 
+@dataclass(frozen=True, slots=True)
+class PlanAwaitingApproval:
+    """The session paused after its plan (issue 21): accept, edit or reject it to go on."""
+
+    session_id: str
+    plan: dict[str, Any]  # agent.approval.PlanForApproval.to_dict()
+    expires_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionResumed:
+    """A cut-off or paused session goes on from its last checkpoint."""
+
+    session_id: str
+    dropped_turns: int  # turns written after the last checkpoint, made again
+
+
 Event = (
     SessionStarted | ReferencesInjected | StageStarted | SearchIssued | SearchDone | SourcesFound | TurnWritten | Note
-    | AnswerReady | RunFailed
+    | AnswerReady | RunFailed | PlanAwaitingApproval | SessionResumed
 )
 
 

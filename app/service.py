@@ -6,6 +6,7 @@ The CLI (and later the Streamlit UI and batch runner) call this; none of them co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -14,16 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from agent.approval import PlanDecision, PlanForApproval
+from agent.checkpoint import open_checkpointer
 from agent.config import AgentConfig, RunOptions
 from agent.deps import AgentDeps
 from agent.errors import AgentError, InputError
 from agent.protocols import PolicyClient, ReflectionBank, SearchTool
 from agent.report import Embed, Report, attribute_report, report_fields
-from agent.run import execute, render_prompt, validate_question
+from agent.run import PausedRun, RejectedRun, RunResult, execute, execute_durable, render_prompt, validate_question
 from agent.tools.ids import CallIdFactory
 from app import events as ev
+from app.durable import DurableSessions
 from store.errors import StoreError
-from store.records import STAGES, Retrieval, SessionSource, ToolCallRecord, Trajectory, Turn
+from store.records import STAGES, PromptRecord, Retrieval, SessionSource, ToolCallRecord, Trajectory, Turn
 from store.session_log import SessionLog
 
 _log = logging.getLogger(__name__)
@@ -56,6 +60,25 @@ class ResearchOutcome:
     report: Report
     policy_version: str
     seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResearchPaused:
+    """A durable run waiting for the user's approval of its plan (`ResearchService.resume` goes on)."""
+
+    session_id: str
+    plan: PlanForApproval
+    expires_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResearchRejected:
+    """The user rejected the plan: the session ended after it (status failed, never trained on)."""
+
+    session_id: str
+
+
+REJECTED_ERROR = "the user rejected the plan"
 
 
 class _SessionRecorder:
@@ -132,12 +155,14 @@ class ResearchService:
         live: LiveVersion | None = None,
         embed: Embed | None = None,
         base_adapter: Path | None = None,
+        durable: DurableSessions | None = None,
     ) -> None:
         """`embed` (texts → normalised vectors) lets an uncited answer get references matched after writing;
         `base_adapter` is what the registry's `base` version serves (app.container.base_adapter: the SFT adapter)."""
         self.policy, self.tools, self.log, self.config, self.bank = policy, dict(tools), log, config, bank
         self.live, self.embed = live, embed
         self.base_adapter = base_adapter
+        self.durable = durable  # None: sessions are not checkpointed (no resume, no plan approval)
         self._swap_lock = asyncio.Lock()
 
     async def sync_live(self, sink: EventSink) -> None:
@@ -210,7 +235,8 @@ class ResearchService:
         tools: Collection[str] | None = None,
         source: SessionSource = "api",
     ) -> ResearchOutcome:
-        """Research one question. Bad input raises InputError before anything is written.
+        """Research one question to its report (never pauses; see `start` for plan approval). Bad input raises
+        InputError before anything is written.
 
         Args:
             tools: the configured search backends this run may use (None = all); the prompt offers only these.
@@ -221,11 +247,31 @@ class ResearchService:
             InputError: empty or over-long question, an unknown backend (nothing written).
             RunFailedError: the run failed after the session was created (session marked failed).
         """
+        outcome = await self.start(question, options, on_event, tools, source)
+        if not isinstance(outcome, ResearchOutcome):  # only a run that asked for approval can pause or be rejected
+            raise RunFailedError(outcome.session_id, f"unexpected {type(outcome).__name__}")
+        return outcome
+
+    async def start(
+        self,
+        question: str,
+        options: RunOptions | None = None,
+        on_event: EventSink | None = None,
+        tools: Collection[str] | None = None,
+        source: SessionSource = "api",
+        *,
+        approve_plan: bool = False,
+    ) -> ResearchOutcome | ResearchPaused | ResearchRejected:
+        """Like `run`; with `approve_plan` the session pauses after its plan (ResearchPaused) until `resume`
+        answers it. Needs durable sessions for that (InputError otherwise, nothing written)."""
         sink = on_event or (lambda e: None)
         question = validate_question(question, self.config.max_question_chars)
+        if approve_plan and self.durable is None:
+            raise InputError("plan approval needs durable sessions: set RUBRICEM_SESSIONS__CHECKPOINTS=true")
         opts = options or self.config.defaults
         # A seeded run also gets reproducible tool-call ids (they are in the token sequence).
-        deps = AgentDeps(policy=self.policy, tools=self._tools(tools), options=opts, call_ids=CallIdFactory(opts.seed))
+        deps = AgentDeps(policy=self.policy, tools=self._tools(tools), options=opts, call_ids=CallIdFactory(opts.seed),
+                         approve_plan=approve_plan)
         started = time.monotonic()
         await self.sync_live(sink)
         try:
@@ -240,27 +286,119 @@ class ResearchService:
             if isinstance(exc, AgentError | StoreError):
                 raise
             raise RunFailedError(None, f"{type(exc).__name__}: {exc}") from exc
+        bank_meta = {"mode": refs.mode,
+                     "items": [{"id": h.item.id, "similarity": round(h.similarity, 4)} for h in refs.hits]}
         try:
             sink(ev.SessionStarted(sid, version))
             if refs.hits:
                 sink(ev.ReferencesInjected(refs.mode, tuple(
                     ev.BankReference(h.item.id, h.item.question, round(h.similarity, 4)) for h in refs.hits)))
             deps.recorder = _SessionRecorder(self.log, sid, sink)
-            result = await execute(sid, question, prompt, deps, refs.item_ids)
-            traj, report = result.trajectory, await self._attribute(result.report, result.trajectory, sink)
-            seconds = time.monotonic() - started
-            self.log.set_flags(
-                sid, malformed=traj.malformed, max_consecutive_tool_errors=traj.max_consecutive_tool_errors
-            )
-            metrics = _metrics(traj, report, seconds) | {"report": report_fields(report), "bank": {
-                "mode": refs.mode, "items": [{"id": h.item.id, "similarity": round(h.similarity, 4)} for h in refs.hits]}}
-            self.log.finish(sid, "completed", report=report.markdown, metrics=metrics)
+            if self.durable is None:
+                result: RunResult | PausedRun | RejectedRun = await execute(sid, question, prompt, deps, refs.item_ids)
+                return await self._complete(sid, result, bank_meta, started, sink, version)
+            self.durable.runs.start(sid, sid)
+            return await self._drive(sid, question, prompt, deps, bank_meta, started, sink, version, start=True,
+                                     injected=refs.item_ids)
         except BaseException as exc:  # whatever stopped the run (even Ctrl-C), the session is marked failed
-            message = f"{type(exc).__name__}: {exc}"
-            self._mark_failed(sid, message, time.monotonic() - started)
-            sink(ev.RunFailed(sid, message))
+            self._fail(sid, exc, started, sink)
             if isinstance(exc, Exception):
-                raise RunFailedError(sid, message) from exc
+                raise RunFailedError(sid, f"{type(exc).__name__}: {exc}") from exc
             raise
+
+    def _fail(self, sid: str, exc: BaseException, started: float, sink: EventSink) -> None:
+        message = f"{type(exc).__name__}: {exc}"
+        self._mark_failed(sid, message, time.monotonic() - started)
+        sink(ev.RunFailed(sid, message))
+
+    async def _complete(self, sid: str, result: RunResult | PausedRun | RejectedRun, bank_meta: dict[str, Any],
+                        started: float, sink: EventSink, version: str) -> ResearchOutcome:
+        """Finish a session whose graph reached its end: flags, metrics, report; the session is completed."""
+        if not isinstance(result, RunResult):
+            raise RuntimeError(f"the run stopped early ({type(result).__name__})")
+        traj, report = result.trajectory, await self._attribute(result.report, result.trajectory, sink)
+        seconds = time.monotonic() - started
+        self.log.set_flags(sid, malformed=traj.malformed, max_consecutive_tool_errors=traj.max_consecutive_tool_errors)
+        metrics = _metrics(traj, report, seconds) | {"report": report_fields(report), "bank": bank_meta}
+        self.log.finish(sid, "completed", report=report.markdown, metrics=metrics)
         sink(ev.AnswerReady(sid, report.markdown))
         return ResearchOutcome(sid, traj, report, version, seconds)
+
+    async def _drive(
+        self, sid: str, question: str, prompt: PromptRecord, deps: AgentDeps, bank_meta: dict[str, Any],
+        started: float, sink: EventSink, version: str, *, start: bool, injected: tuple[str, ...],
+        resume_value: dict[str, Any] | None = None,
+    ) -> ResearchOutcome | ResearchPaused | ResearchRejected:
+        """Run the session's thread until it ends or pauses; an ended session's checkpoints are pruned."""
+        durable = self.durable
+        assert durable is not None
+        async with open_checkpointer(durable.target) as cp:
+            try:
+                result = await execute_durable(sid, question, prompt, deps, checkpointer=cp, thread_id=sid,
+                                               start=start, resume_value=resume_value, injected_bank_items=injected)
+                if isinstance(result, PausedRun):
+                    expires = durable.expiry()
+                    durable.runs.set_state(sid, "awaiting_approval", pause=result.plan.to_dict(), expires_at=expires)
+                    sink(ev.PlanAwaitingApproval(sid, result.plan.to_dict(), expires))
+                    return ResearchPaused(sid, result.plan, expires)
+                if isinstance(result, RejectedRun):
+                    self.log.finish(sid, "failed", error=REJECTED_ERROR,
+                                    metrics={"seconds": round(time.monotonic() - started, 3), "rejected": True})
+                    durable.runs.set_state(sid, "rejected", reason=REJECTED_ERROR)
+                    sink(ev.RunFailed(sid, REJECTED_ERROR))
+                    await self._prune(cp, sid)
+                    return ResearchRejected(sid)
+                outcome = await self._complete(sid, result, bank_meta, started, sink, version)
+                durable.runs.set_state(sid, "finished")
+            except Exception as exc:
+                await self._prune(cp, sid)
+                with contextlib.suppress(StoreError):
+                    durable.runs.set_state(sid, "finished", reason=f"{type(exc).__name__}: {exc}")
+                raise
+            await self._prune(cp, sid)
+            return outcome
+
+    async def _prune(self, cp: Any, sid: str) -> None:
+        """Delete an ended session's checkpoints (unless kept); a failure here never fails the session."""
+        if self.durable is None or self.durable.keep_checkpoints:
+            return
+        try:
+            await cp.adelete_thread(sid)
+        except Exception as exc:  # noqa: BLE001 - leftover checkpoints cost disk, not correctness
+            _log.warning("could not prune the checkpoints of session %s: %s", sid, exc)
+
+    async def resume(
+        self, session_id: str, decision: PlanDecision | None = None, on_event: EventSink | None = None
+    ) -> ResearchOutcome | ResearchPaused | ResearchRejected:
+        """Go on with a session cut off by a crash, or answer its paused plan (`decision`).
+
+        Raises:
+            SessionNotFound: unknown id (nothing changed).
+            ResumeError: the session is finished, was not run durably, or is not waiting for an answer (nothing
+                changed).
+            RunFailedError: the session could not go on (checkpoint missing or unreadable, approval expired: the
+                session is then marked failed and its run state says why), or the resumed run failed.
+        """
+        from app.durable_resume import prepare_resume
+
+        sink = on_event or (lambda e: None)
+        started = time.monotonic()
+        plan = await prepare_resume(self, session_id, decision, sink)
+        if isinstance(plan, ResearchPaused):
+            return plan
+        rec, deps, dropped = plan
+        sink(ev.SessionResumed(session_id, dropped))
+        if decision is not None:
+            sink(ev.Note("plan_decision", {"action": decision.action}))
+        try:
+            deps.recorder = _SessionRecorder(self.log, session_id, sink)
+            traj = rec.trajectory
+            bank_meta = {"mode": "resumed", "items": [{"id": i} for i in traj.injected_bank_items]}
+            return await self._drive(session_id, rec.question, traj.prompt, deps, bank_meta, started, sink,
+                                     rec.policy_version, start=False, injected=traj.injected_bank_items,
+                                     resume_value=None if decision is None else decision.to_dict())
+        except BaseException as exc:
+            self._fail(session_id, exc, started, sink)
+            if isinstance(exc, Exception):
+                raise RunFailedError(session_id, f"{type(exc).__name__}: {exc}") from exc
+            raise

@@ -61,6 +61,17 @@ class McpServeConfig(BaseModel):
         return None if isinstance(text, str) and not text.strip() else value
 
 
+class SessionsConfig(BaseModel):
+    """Durable sessions and plan approval (issue 21)."""
+
+    checkpoints: bool = Field(default=True, description="Checkpoint every step of a session on LangGraph's "
+                              "checkpointer, so `rubricem resume` continues a session cut off by a crash.")
+    keep_checkpoints: bool = Field(default=False, description="Keep a session's checkpoints after it ends (by "
+                                   "default they are pruned when it completes, fails or is rejected).")
+    approval_expiry_s: float = Field(default=86400.0, gt=0, description="A plan waiting for approval expires "
+                                     "after this many seconds (the session then ends, failed).")
+
+
 class Settings(BaseSettings):
     """All configuration of the application."""
 
@@ -73,6 +84,7 @@ class Settings(BaseSettings):
     store: StoreConfig = StoreConfig()
     ui: UIConfig = UIConfig()
     mcp: McpServeConfig = McpServeConfig()
+    sessions: SessionsConfig = SessionsConfig()
 
 
 def _env_lines(model: type[BaseModel], prefix: str) -> list[str]:

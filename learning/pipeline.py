@@ -92,6 +92,7 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
         judged = await judge_pending(parts.log, parts.judge, progress=say)
         cycle = reg.advance_cycle(cycle.cycle_id, "judged", numbers={
             "new_sessions": len(sessions), "judged": judged.judged, "judge_failures": judged.failed,
+            "skipped_sessions": reg.skipped_in_window(cycle.window_start, cycle.window_end),  # no consent / opted out
             "judge_seconds": round(time.monotonic() - began, 1)})
     live = reg.live()
     if cycle.stage == "judged":

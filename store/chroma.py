@@ -6,8 +6,10 @@ deployment where the app and the trainer share one bank and one index).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import chromadb
 import httpx
@@ -23,6 +25,29 @@ CHROMA_FAILURES: tuple[type[BaseException], ...] = (
     ChromaError, httpx.HTTPError, ConnectionError, OSError, ValueError, EmbeddingModelError,
 )
 """What Chroma, its HTTP transport and the embedding model raise when they fail (mapped by type, never message)."""
+
+NOT_ON_DISK = "Nothing found on disk"
+"""A Chroma server's answer to a read of a collection whose vectors are not persisted yet: empty, or another
+process's first add in flight (two app hosts starting together on a fresh server, a reader beside a writer)."""
+
+T = TypeVar("T")
+
+
+def read_unless_empty(read: Callable[[], T], count: Callable[[], int], empty: T, attempts: int = 4) -> T:
+    """`read()`, or `empty` when it fails with NOT_ON_DISK on a collection that counts 0 items; a non-empty one is
+    retried (with a short backoff) as its first vectors reach the disk. Any other error, or the last, propagates.
+
+    `count` is only called after that error, so a normal read costs nothing extra."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return read()
+        except StoreError as exc:
+            if NOT_ON_DISK not in str(exc) or attempt == attempts:
+                raise
+            if count() == 0:
+                return empty
+            time.sleep(0.1 * attempt)
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 @contextmanager

@@ -56,6 +56,11 @@ class StoreConfig(BaseModel):
         default="",
         description="Sentence-transformers model name or path for embeddings; empty = the bundled offline MiniLM.",
     )
+    consent_default: bool = Field(
+        default=True,
+        description="Whether the sessions of people who have not chosen may be judged, trained on and reflected into "
+        "the rubric bank (each person can change it for themselves, and per session).",
+    )
 
     bank: BankConfig = BankConfig()
 

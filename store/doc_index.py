@@ -22,7 +22,7 @@ from chromadb.api import ClientAPI
 from chromadb.api.models.Collection import Collection
 from rank_bm25 import BM25Okapi
 
-from store.chroma import chroma_errors, open_chroma_client, open_collection
+from store.chroma import chroma_errors, open_chroma_client, open_collection, read_unless_empty
 from store.config import StoreConfig
 from store.embeddings import SentenceTransformerEmbedding, embed_texts
 from store.errors import StoreError
@@ -211,6 +211,10 @@ class DocIndex:
             got = self._collection.get(where={"source": source}, limit=1, include=[])
         return bool(got["ids"])
 
+    def _count(self) -> int:
+        with _chroma_errors("count the index"):
+            return self._collection.count()
+
     def source_count(self, source: str) -> int:
         """Number of indexed chunks of `source`."""
         with _chroma_errors("read the index"):
@@ -236,12 +240,19 @@ class DocIndex:
         if n == 0:
             return []
         depth = min(n, max(k * CANDIDATES_PER_K, MIN_CANDIDATES))
-        with _chroma_errors("search the index"):
-            dense = self._collection.query(
-                query_embeddings=embed_texts([query], self._model),  # type: ignore[arg-type]
-                n_results=depth,
-                include=["documents", "metadatas"],
-            )
+        with _chroma_errors("embed the query"):
+            vector = embed_texts([query], self._model)
+
+        def query_dense() -> Any:
+            with _chroma_errors("search the index"):
+                return self._collection.query(
+                    query_embeddings=vector,  # type: ignore[arg-type]
+                    n_results=depth,
+                    include=["documents", "metadatas"],
+                )
+
+        no_hits: Any = {"ids": [[]], "documents": [[]], "metadatas": [[]]}
+        dense = read_unless_empty(query_dense, self._count, no_hits)
         dense_ids = list(dense["ids"][0])
         bm25_ids = self._bm25_ranking(cache, query, depth)
 
@@ -362,8 +373,13 @@ class DocIndex:
         total: int,
         progress: ProgressFn | None,
     ) -> int:
-        with _chroma_errors(f"read the index for {source!r}"):
-            before = self._collection.get(where={"source": source}, include=["embeddings", "documents", "metadatas"])
+        def read_before() -> Any:
+            with _chroma_errors(f"read the index for {source!r}"):
+                return self._collection.get(where={"source": source},
+                                            include=["embeddings", "documents", "metadatas"])
+
+        nothing: Any = {"ids": [], "embeddings": [], "documents": [], "metadatas": []}
+        before = read_unless_empty(read_before, self._count, nothing)
         new_ids = [c.id for c, _ in pairs]
         # Batches of similar length waste less padding in the encoder (order within a source does not matter).
         ordered = sorted(pairs, key=lambda p: len(p[0].title) + len(p[0].text))

@@ -192,6 +192,7 @@ class SessionRecord:
     metrics: Mapping[str, object] = field(default_factory=dict)
     source: SessionSource = "api"
     training_opt_out: bool = False
+    owner: str = "local"  # who asked: an account name, an OIDC e-mail or subject, or "local"
 
 
 def normalise_question(question: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from store.db import Connection
 from store.errors import InvalidInput, StoreError
+from store.records import UNLEARNED_SOURCES
 from store.session_log import SessionLog
 
 BASE = "base"
@@ -289,13 +290,27 @@ class Registry:
     # ---- the data window -----------------------------------------------------------------------------------------
 
     def sessions_in_window(self, window_start: str | None, window_end: str) -> list[str]:
-        """Completed sessions finished in (window_start, window_end], without a training opt-out, oldest first."""
+        """Completed sessions finished in (window_start, window_end] that may be learned from (no training opt-out,
+        the owner consents), oldest first."""
+        learnable, consent = self.log.learnable_sql("s")
         with self.log.transaction(write=False) as conn:
             rows = conn.execute(
-                "SELECT session_id FROM sessions WHERE status = 'completed' AND training_opt_out = 0 "
-                "AND finished_at > ? AND finished_at <= ? ORDER BY finished_at, rowid",
-                (window_start or "", window_end)).fetchall()
+                f"SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND {learnable} "
+                "AND s.finished_at > ? AND s.finished_at <= ? ORDER BY s.finished_at, s.rowid",
+                (*consent, window_start or "", window_end)).fetchall()
         return [str(r[0]) for r in rows]
+
+    def skipped_in_window(self, window_start: str | None, window_end: str) -> int:
+        """Completed user sessions finished in (window_start, window_end] left out because their owner does not
+        consent or they were opted out (benchmark runs and gate probes are not counted: they are never users')."""
+        learnable, consent = self.log.learnable_sql("s")
+        unlearned = ", ".join(f"'{s}'" for s in sorted(UNLEARNED_SOURCES))  # our constants, not input
+        with self.log.transaction(write=False) as conn:
+            row = conn.execute(
+                f"SELECT COUNT(*) FROM sessions s WHERE s.status = 'completed' AND NOT ({learnable}) "
+                f"AND s.source NOT IN ({unlearned}) AND s.finished_at > ? AND s.finished_at <= ?",
+                (*consent, window_start or "", window_end)).fetchone()
+        return int(row[0])
 
     def set_opt_out(self, session_id: str, opt_out: bool = True) -> None:
         """Keep (or stop keeping) a session out of training."""

@@ -36,9 +36,8 @@ import math
 import os
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -48,7 +47,7 @@ from chromadb.api import ClientAPI
 from chromadb.api.models.Collection import Collection
 from chromadb.errors import NotFoundError
 
-from store.chroma import chroma_errors, open_chroma_client, open_collection
+from store.chroma import chroma_errors, open_chroma_client, open_collection, read_unless_empty
 from store.config import BankConfig, StoreConfig
 from store.embeddings import embed_query, embed_texts
 from store.errors import InvalidInput, StoreError
@@ -74,7 +73,6 @@ _INDEX_COMPLETE = "complete"  # index metadata: "yes" once every item of that co
 MAX_TEXT_CHARS = 20_000  # per block; a reflection is a few hundred words
 
 RequestedMode = Literal["auto", "within", "cross"]
-_NOT_ON_DISK = "Nothing found on disk"  # Chroma server: no HNSW segment persisted yet
 
 
 class BankError(StoreError):
@@ -137,6 +135,17 @@ def validate_item(item: BankItem) -> None:
         _parse_time(item.created_at)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"bank item created_at is not an ISO-8601 time: {item.created_at!r}") from exc
+
+
+WITHHELD_QUESTION = "(another session's question; not shown)"
+
+
+def withhold_question(item: BankItem) -> BankItem:
+    """The item as injected into a prompt for a different question: its rubrics and takeaways only.
+
+    Another question may be another person's, so its text never travels into someone else's prompt; a within-episode
+    hit is the asker's own question, so it needs no withholding."""
+    return replace(item, question=WITHHELD_QUESTION)
 
 
 def retention(item: BankItem, now: datetime, half_life_days: float) -> float:
@@ -388,27 +397,24 @@ class RubricBank:
         # `count()` first either (another scan): Chroma returns fewer results than asked only when the bank has no
         # more, which ends the deepening.
         depth = k + 2 if exclude_sha else k
-        retries = 0
+        def count() -> int:
+            with chroma_errors("count the rubric bank", BankError):
+                return self._collection.count()
+
         while True:
-            try:
+            def query(n: int = depth) -> Any:
                 with chroma_errors("search the rubric bank", BankError):
-                    res = self._collection.query(
+                    return self._collection.query(
                         query_embeddings=[vec],  # type: ignore[arg-type]
-                        n_results=depth,
+                        n_results=n,
                         include=["documents", "metadatas", "distances"],
                     )
-            except BankError as exc:
-                # A Chroma server answers a query on a collection whose vectors are not on disk yet (empty, or a
-                # writer's first add in flight) with "Nothing found on disk". Only then is count() worth its cost:
-                # an empty bank has no hits; otherwise the query is retried a few times.
-                if _NOT_ON_DISK not in str(exc) or retries >= 3:
-                    raise
-                retries += 1
-                with chroma_errors("count the rubric bank", BankError):
-                    if self._collection.count() == 0:
-                        return []
-                time.sleep(0.05 * retries)
-                continue
+
+            # A Chroma server answers a query on vectors not yet on disk with NOT_ON_DISK: an empty bank has no
+            # hits, a writer's first add in flight is waited for (store.chroma.read_unless_empty).
+            res = read_unless_empty(query, count, None)
+            if res is None:
+                return []
             ids, docs = res["ids"][0], (res["documents"] or [[]])[0]
             metas, dists = (res["metadatas"] or [[]])[0], (res["distances"] or [[]])[0]
             hits = [BankHit(_item(i, d, m), 1.0 - float(dist))
@@ -449,8 +455,9 @@ class RubricBank:
             if mode == "within":
                 return Retrieval("none")
         threshold = self.config.min_similarity if min_similarity is None else min_similarity
-        hits = [h for h in self.search(question, self.config.top_k if k is None else k, exclude_sha=sha,
-                                       embedding=embedding) if h.similarity >= threshold]
+        hits = [BankHit(withhold_question(h.item), h.similarity)
+                for h in self.search(question, self.config.top_k if k is None else k, exclude_sha=sha,
+                                     embedding=embedding) if h.similarity >= threshold]
         return Retrieval("cross", tuple(hits)) if hits else Retrieval("none")
 
     # ---- writing -------------------------------------------------------------------------------------------
@@ -559,6 +566,28 @@ class RubricBank:
             with chroma_errors("delete from the rubric bank", BankError):
                 self._collection.delete(ids=[item_id])
             self._index_update(remove=[(item.question_sha, item.id)])
+
+    def delete_derived(self, session_ids: Sequence[str], item_ids: Sequence[str] = ()) -> int:
+        """Remove the items reflected from these sessions (by their `session_id`, which also finds items imported
+        or re-stored under another id) and these item ids. Idempotent: what is already gone is skipped, so a
+        deletion interrupted after its database commit is simply run again. Returns how many items were removed."""
+        with self._lock:
+            found: dict[str, str] = {}
+            for chunk in _chunks(sorted(set(session_ids)), self._max_batch()):
+                with chroma_errors("read the rubric bank", BankError):
+                    got = self._collection.get(where={"session_id": {"$in": chunk}}, include=["metadatas"])
+                for item_id, meta in zip(got["ids"], got["metadatas"] or [], strict=True):
+                    found[item_id] = str((meta or {}).get("question_sha", ""))
+            for chunk in _chunks(sorted(set(item_ids) - set(found)), self._max_batch()):
+                with chroma_errors("read the rubric bank", BankError):
+                    got = self._collection.get(ids=chunk, include=["metadatas"])
+                for item_id, meta in zip(got["ids"], got["metadatas"] or [], strict=True):
+                    found[item_id] = str((meta or {}).get("question_sha", ""))
+            with chroma_errors("delete from the rubric bank", BankError):
+                for chunk in _chunks(sorted(found), self._max_batch()):
+                    self._collection.delete(ids=chunk)
+            self._index_update(remove=[(sha, i) for i, sha in found.items()])
+        return len(found)
 
     def clear(self) -> int:
         """Remove every item; returns how many there were."""

@@ -45,17 +45,21 @@ class ChatThreads:
             (position,) = conn.execute(
                 "SELECT COALESCE(MAX(position) + 1, 0) FROM chat_threads WHERE thread_id = ?", (thread_id,)
             ).fetchone()
-            conn.execute(
-                "INSERT INTO chat_threads (session_id, thread_id, position, created_at) VALUES (?, ?, ?, ?)",
-                (session_id, thread_id, position, self.log.now()),
+            conn.execute(  # the thread row belongs to whoever owns the session
+                "INSERT INTO chat_threads (session_id, thread_id, position, owner, created_at) "
+                "SELECT ?, ?, ?, owner, ? FROM sessions WHERE session_id = ?",
+                (session_id, thread_id, position, self.log.now(), session_id),
             )
         return int(position)
 
-    def sessions(self, thread_id: str) -> list[str]:
-        """The thread's session ids in the order they were asked (empty for an unknown thread)."""
+    def sessions(self, thread_id: str, owner: str | None = None) -> list[str]:
+        """The thread's session ids in the order they were asked (empty for an unknown thread), only `owner`'s
+        when given (`store.people.ScopedStore` passes the viewer's id for everyone but admins)."""
         with self.log.transaction(write=False) as conn:
             rows = conn.execute(
-                "SELECT session_id FROM chat_threads WHERE thread_id = ? ORDER BY position", (thread_id,)
+                "SELECT session_id FROM chat_threads WHERE thread_id = ? "
+                f"{'' if owner is None else 'AND owner = ? '}ORDER BY position",
+                (thread_id,) if owner is None else (thread_id, owner),
             ).fetchall()
         return [r[0] for r in rows]
 

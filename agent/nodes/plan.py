@@ -15,7 +15,7 @@ OPEN, CLOSE = "<structured_plan>", "</structured_plan>"
 STOPS = (CLOSE, "</call_tool>", "</answer>")  # the last two guard against skipping the plan
 
 
-async def plan(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[Literal["research"]]:
+async def plan(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[Literal["research", "approve"]]:
     """Sample the plan; if the model skipped <structured_plan>, drop that sample, force the tag and sample once more."""
     deps = runtime.context
     deps.recorder.event("stage", {"stage": "plan"})
@@ -36,6 +36,6 @@ async def plan(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[Lit
             malformed.append("plan")  # METHOD D7: the stage is absent (R = 0, no tokens)
             await w.insert("plan", CLOSE)
     return Command(
-        goto="research",
+        goto="approve" if deps.approve_plan else "research",
         update={"turns": w.new, "malformed_stages": state.get("malformed_stages", []) + malformed},
     )

@@ -14,7 +14,7 @@ from agent.followup import follow_up_question, typed_question
 from app import events as ev
 from app.export import doc_from_session, to_html, to_markdown, to_pdf
 from app.service import RunFailedError
-from app.ui import state
+from app.ui import approval, state
 from app.ui.runner import LiveRun
 from app.ui.view import (
     RunView,
@@ -24,7 +24,8 @@ from app.ui.view import (
     references_html,
 )
 from app.uploads import ingest_uploads
-from store.errors import StoreError
+from store.errors import SessionNotFound, StoreError
+from store.owner import acting_as
 from store.records import HISTORY_SOURCES
 from store.threads import ChatThreads
 
@@ -56,14 +57,21 @@ def _chat() -> Chat:
 
 def _sidebar_history() -> None:
     svc = state.services()
+    scoped = state.scoped()
     threads = ChatThreads(svc.log)
     if st.sidebar.button("➕ New chat", use_container_width=True):
         st.session_state.chat = Chat()
         st.rerun()
     st.sidebar.subheader("History")
+    person = None
+    if scoped.viewer.admin:
+        people = sorted(set(scoped.owners()) | {u.user_id for u in state.users().list()} | {scoped.viewer.user_id})
+        picked = st.sidebar.selectbox("Whose sessions", ["everyone", *people], key="history_user")
+        person = None if picked == "everyone" else picked
     seen: set[str] = set()
     shown = 0
-    for s in svc.log.list_sessions(limit=60, sources=HISTORY_SOURCES):  # never benchmark runs or gate probes
+    # Only the viewer's own sessions (admins: everyone's), never benchmark runs or gate probes.
+    for s in scoped.list_sessions(limit=60, sources=HISTORY_SOURCES, user=person):
         thread = threads.thread_of(s.session_id)
         key = thread or s.session_id
         if key in seen:
@@ -72,7 +80,7 @@ def _sidebar_history() -> None:
         label = typed_question(s.question)
         icon = {"completed": "📄", "failed": "⚠️", "running": "🔄"}.get(s.status, "•")
         if st.sidebar.button(f"{icon} {label[:60]}", key=f"hist_{key}", help=f"{s.created_at[:16]} · {s.status}"):
-            st.session_state.chat = Chat(thread, threads.sessions(thread) if thread else [s.session_id])
+            st.session_state.chat = Chat(thread, scoped.thread_sessions(thread) if thread else [s.session_id])
             st.rerun()
         shown += 1
         if shown >= 25:
@@ -194,7 +202,7 @@ def draw_run(view: RunView, live: bool) -> None:
 
 
 def _draw_feedback(session_id: str) -> None:
-    log = state.services().log
+    log = state.scoped()  # feedback only on the viewer's own sessions (admins: any)
     given = log.feedback(session_id)
     with st.expander(f"Feedback{f' ({len(given)} given)' if given else ''}", expanded=False):
         rating = st.feedback("thumbs", key=f"thumb_{session_id}")
@@ -214,7 +222,7 @@ def _draw_feedback(session_id: str) -> None:
 
 def _draw_exports(session_id: str) -> None:
     try:
-        doc = doc_from_session(state.services().log.get(session_id))
+        doc = doc_from_session(state.scoped().get(session_id))
     except Exception as exc:  # noqa: BLE001 - exporting is optional; say why it is not offered
         st.caption(f"Export unavailable: {exc}")
         return
@@ -230,7 +238,10 @@ def _draw_exports(session_id: str) -> None:
 
 def _draw_stored(session_id: str) -> None:
     try:
-        record = state.services().log.get(session_id)
+        record = state.scoped().get(session_id)
+    except SessionNotFound:  # missing, or someone else's: the same answer, so ids cannot be probed
+        st.error("Session not found.")
+        return
     except StoreError as exc:
         st.error(f"Could not open session {session_id}: {exc}")
         return
@@ -242,13 +253,77 @@ def _draw_stored(session_id: str) -> None:
         if record.status == "completed":
             _draw_exports(session_id)
             _draw_feedback(session_id)
+        if record.source not in ("eval", "probe"):
+            _draw_learning_toggle(session_id, not record.training_opt_out)
+        approval.draw_pending(record, draw_run)  # a paused plan's form (issue 21; app/ui/approval.py)
+
+
+def _draw_learning_toggle(session_id: str, learning: bool) -> None:
+    """The per-session consent toggle: may this session be judged, trained on and reflected into the bank."""
+    on = st.toggle("Allow learning from this session", value=learning, key=f"learn_{session_id}")
+    if on != learning:
+        try:
+            state.scoped().set_learning(session_id, on)
+        except SessionNotFound:
+            st.error("Session not found.")
+
+
+def _open_from_url() -> None:
+    """`?session=<id>` opens that session, when it is the visitor's (anyone else's reads as not found)."""
+    wanted = st.query_params.get("session")
+    if not wanted or st.session_state.get("opened_from_url") == wanted:
+        return
+    st.session_state.opened_from_url = wanted
+    scoped = state.scoped()
+    try:
+        thread = scoped.thread_of(wanted)
+    except SessionNotFound:
+        st.session_state.chat = Chat()
+        st.session_state.url_refused = True
+        return
+    st.session_state.url_refused = False
+    st.session_state.chat = Chat(thread, scoped.thread_sessions(thread) if thread else [wanted])
+
+
+def _sidebar_privacy() -> None:
+    """The person's consent to learn from their sessions, and deleting everything of theirs."""
+    from app.durable import purge_checkpoints
+    from store.deletion import delete_user_data, owned_sessions
+    from store.users import UnknownUser
+
+    svc = state.services()
+    me = state.viewer()
+    users = state.users()
+    with st.sidebar.expander("🔒 Privacy", expanded=False):
+        mine = users.consents(me.user_id)
+        allow = st.toggle("Let rubricem learn from my sessions", value=mine, key="consent_me",
+                          help="Judging, training and the rubric bank use only sessions of people who allow it.")
+        if allow != mine:
+            if users.find(me.user_id) is None:
+                users.ensure(me.user_id, kind="local" if me.user_id == "local" else "oidc",
+                             role="admin" if me.admin else "user")
+            users.set_consent(me.user_id, allow)
+        st.toggle("Learn from my next question", value=allow, key="learn_next", disabled=not allow)
+        sure = st.checkbox("I understand: all my sessions, chats and feedback are deleted for good", key="sure")
+        if st.button("Delete my data", key="delete_mine", disabled=not sure):
+            try:
+                purge_checkpoints(state.settings().store, owned_sessions(svc.log, me.user_id))
+                result = delete_user_data(svc.log, me.user_id, requested_by=me.user_id, bank=svc.bank,
+                                          keep_account=True)
+                st.session_state.chat = Chat()
+                st.success(f"Deleted {result.counts.get('sessions', 0)} session(s) and "
+                           f"{result.bank_items_removed} rubric-bank item(s).")
+            except UnknownUser:
+                st.info("There is nothing of yours to delete.")
+            except StoreError as exc:
+                st.error(f"Deletion failed ({type(exc).__name__}); run it again to finish it.")
 
 
 # ---- asking -------------------------------------------------------------------------------------------------------
 
 
 def _earlier(chat: Chat) -> list[tuple[str, str]]:
-    log = state.services().log
+    log = state.scoped()
     out = []
     for sid in chat.session_ids[-2:]:
         try:
@@ -260,7 +335,7 @@ def _earlier(chat: Chat) -> list[tuple[str, str]]:
     return out
 
 
-def _ask(typed: str, options: RunOptions, backends: list[str]) -> None:
+def _ask(typed: str, options: RunOptions, backends: list[str], approve_plan: bool = False) -> None:
     svc = state.services()
     chat = _chat()
     question = follow_up_question(typed, _earlier(chat), svc.settings.agent.max_question_chars) \
@@ -277,7 +352,10 @@ def _ask(typed: str, options: RunOptions, backends: list[str]) -> None:
             if isinstance(event, ev.SessionStarted):
                 _remember(chat, event.session_id, threads)
 
-        run = LiveRun(svc.research, question, options, backends, on_event=file_session)
+        # The session is created for this person (its owner), with their per-chat learning choice.
+        with acting_as(state.viewer().user_id, learn=bool(st.session_state.get("learn_next", True))):
+            run = LiveRun(svc.research, question, options, backends, on_event=file_session,
+                          approve_plan=approve_plan)
         st.session_state.live_run = run
         timer = st.empty()
         with box.container():
@@ -329,7 +407,12 @@ def page() -> None:
     """The research chat."""
     options, backends = _sidebar_settings()
     _sidebar_history()
+    _sidebar_privacy()
+    _open_from_url()
+    if st.session_state.get("url_refused") and not _chat().session_ids:
+        st.error("Session not found.")  # missing, or someone else's: the same answer
     chat = _chat()
+    approve_plan = approval.toggle(chat)
     if not chat.session_ids:
         st.title("🔬 rubricem research")
         st.caption("Ask a question: the agent plans with its own rubric, searches, reviews its evidence against the "
@@ -343,4 +426,4 @@ def page() -> None:
         st.button("Refresh", key="refresh_live")
     prompt = "Ask a follow-up" if chat.session_ids else "Ask a research question"
     if typed := st.chat_input(prompt, max_chars=state.settings().agent.max_question_chars, disabled=busy):
-        _ask(typed, options, backends)
+        _ask(typed, options, backends, approve_plan)

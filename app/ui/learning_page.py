@@ -15,6 +15,7 @@ import streamlit as st
 
 from app import dashboard
 from app.ui import state
+from store.deletion import versions_trained_on_deleted_data
 
 
 def start_retrain(data_dir: Path) -> Path:
@@ -69,6 +70,17 @@ def _retrain_box() -> None:
         st.success(f"Retraining started in the background; its log is `{path}`. Reload this page to follow it.")
 
 
+def _consent_counts() -> None:
+    """How many completed sessions learning may use, and how many it skips (no consent, or opted out)."""
+    svc = state.services()
+    now = svc.log.now()
+    used = len(svc.registry.sessions_in_window(None, now))
+    skipped = svc.registry.skipped_in_window(None, now)
+    st.caption(f"Learning uses {used:,} completed session(s) and skips {skipped:,} whose owner did not consent or "
+               f"that were opted out (default for people who have not chosen: "
+               f"{'learn' if svc.log.consent_default else 'do not learn'}).")
+
+
 def page() -> None:
     """The learning page."""
     svc = state.services()
@@ -80,6 +92,7 @@ def page() -> None:
     cols[2].metric("Sessions judged", f"{s.sessions_judged} / {s.sessions_completed}")
     cols[3].metric("Rubric bank", "unavailable" if s.bank_size is None else f"{s.bank_size:,} reflections")
     cols[4].metric("Last cycle", s.last_cycle_status or "none")
+    _consent_counts()
     _retrain_box()
 
     st.subheader("Per-stage reward")
@@ -93,9 +106,11 @@ def page() -> None:
         st.caption(f"Mean judge score per stage over {len(points)} judged session(s).")
 
     st.subheader("Policy versions")
+    deleted = versions_trained_on_deleted_data(svc.log)  # what an adapter learned cannot be deleted from it
     st.dataframe(pd.DataFrame([{
         "version": v.name, "live": "●" if v.live else "", "status": v.status, "parent": v.parent or "",
         "held-out score": v.eval_total, "live score": v.eval_live_total, "reason": v.reason or "",
+        "trained on deleted data": "yes" if v.name in deleted else "",
         "created": v.created_at[:19]} for v in dashboard.version_rows(svc.registry)]), hide_index=True)
 
     st.subheader("Promotions and rollbacks")
@@ -111,5 +126,6 @@ def page() -> None:
     else:
         st.dataframe(pd.DataFrame([{
             "started": c.started_at[:19], "trigger": c.trigger, "status": c.status, "reached": c.stage_reached,
-            "candidate": c.candidate or "", "new sessions": c.new_sessions, "candidate score": c.candidate_score,
+            "candidate": c.candidate or "", "sessions used": c.new_sessions,
+            "skipped (no consent)": c.skipped_sessions, "candidate score": c.candidate_score,
             "live score": c.live_score, "reason": c.reason or ""} for c in cycles]), hide_index=True)

@@ -7,7 +7,8 @@ import time
 import streamlit as st
 
 from app.ui import state
-from app.ui.auth import UIAccessError, access_policy, oidc_role, password_role
+from app.ui.auth import Identity, LoginRefused, UIAccessError, access_policy, oidc_identity, password_login
+from store.owner import LOCAL
 
 
 def _host() -> str:
@@ -26,44 +27,60 @@ def _host() -> str:
 def _login() -> bool:
     """True when the visitor may go on; otherwise draws the login form."""
     ui = state.settings().ui
+    users = state.users()
     try:
-        policy = access_policy(_host(), ui)
+        policy = access_policy(_host(), ui, accounts=state.has_accounts())
     except UIAccessError as exc:
         st.error(str(exc))
         return False
     if not policy.login_required:
-        st.session_state.role = policy.open_role
+        _enter(Identity(LOCAL, policy.open_role or "admin"))
         return True
-    if st.session_state.get("role"):
+    if st.session_state.get("role") and st.session_state.get("user_id"):
         return True
     if policy.oidc and getattr(st.user, "is_logged_in", False):
-        st.session_state.role = oidc_role(getattr(st.user, "email", None), ui,
-                                          getattr(st.user, "email_verified", None))
+        try:
+            who = oidc_identity(getattr(st.user, "email", None), getattr(st.user, "sub", None), ui,
+                                getattr(st.user, "email_verified", None))
+        except LoginRefused as exc:
+            st.error(str(exc))
+            st.button("Log out", on_click=st.logout, key="oidc_refused_logout")
+            return False
+        users.ensure(who.user_id, kind="oidc", role=who.role)  # their consent setting lives on this row
+        _enter(who)
         return True
     st.title("🔬 rubricem")
     st.subheader("Log in")
     if policy.password:
         with st.form("login"):
+            name = st.text_input("Name", help="Your account name" + (
+                "; leave it empty for the shared password" if ui.password or ui.admin_password else ""))
             given = st.text_input("Password", type="password")
             if st.form_submit_button("Log in"):
-                role = password_role(given, ui)
-                if role is None:
+                who = password_login(name, given, ui, users)
+                if who is None:
                     # Slow repeated guessing down: 1 s more per failure in this browser session, at most 5 s.
                     fails = st.session_state.get("login_failures", 0) + 1
                     st.session_state.login_failures = fails
                     time.sleep(min(fails, 5))
-                    st.error("Wrong password.")
+                    st.error("Wrong name or password.")
                 else:
-                    st.session_state.role = role
+                    _enter(who)
                     st.rerun()
     if policy.oidc:
         st.button("Log in with your identity provider", on_click=st.login)
     return False
 
 
+def _enter(who: Identity) -> None:
+    """Keep only who this is and their role in the browser session (never a password)."""
+    st.session_state.user_id = who.user_id
+    st.session_state.role = who.role
+
+
 def _logout_box() -> None:
     role = st.session_state.get("role")
-    st.sidebar.caption(f"Signed in as **{role}**")
+    st.sidebar.caption(f"Signed in as **{st.session_state.get('user_id')}** ({role})")
     if st.sidebar.button("Log out", key="logout") and role:
         st.session_state.clear()  # the next person on this browser sees nothing of this one's chat
         if getattr(st.user, "is_logged_in", False):
@@ -78,7 +95,7 @@ def main() -> None:
         st.stop()
     from app.ui import chat_page, learning_page  # after the gate: nothing loads before a login
 
-    if access_policy(_host(), state.settings().ui).login_required:
+    if access_policy(_host(), state.settings().ui, accounts=state.has_accounts()).login_required:
         _logout_box()
     nav = st.navigation([
         st.Page(chat_page.page, title="Research", icon="🔬", url_path="research", default=True),

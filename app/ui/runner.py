@@ -21,14 +21,15 @@ from typing import Any
 
 from agent.config import RunOptions
 from app import events as ev
-from app.service import ResearchOutcome, ResearchService
+from agent.approval import PlanDecision
+from app.service import ResearchOutcome, ResearchPaused, ResearchRejected, ResearchService
 
 
 @dataclass(frozen=True, slots=True)
 class RunEnded:
     """The last item of a run's queue: its outcome, or the error that ended it."""
 
-    outcome: ResearchOutcome | None
+    outcome: ResearchOutcome | ResearchPaused | ResearchRejected | None
     error: BaseException | None
 
 
@@ -53,15 +54,17 @@ class LiveRun:
 
     def __init__(self, service: ResearchService, question: str, options: RunOptions,
                  tools: Collection[str] | None = None,
-                 on_event: Callable[[ev.Event], None] | None = None) -> None:
-        """Start the run. `on_event` (optional) is called on the loop's thread for every event, before the page
+                 on_event: Callable[[ev.Event], None] | None = None, *, approve_plan: bool = False,
+                 resume: tuple[str, PlanDecision] | None = None) -> None:
+        """Start the run (`approve_plan`: pause after the plan; `resume`: answer a paused session's plan). `on_event` (optional) is called on the loop's thread for every event, before the page
         sees it: it must be quick and thread-safe (the page uses it to file the session in its chat thread, so
         a page rerun mid-run loses nothing)."""
         self._queue: queue.Queue[ev.Event | RunEnded] = queue.Queue()
         self.ended: RunEnded | None = None
         self._on_event = on_event
-        self._future: Future[Any] = asyncio.run_coroutine_threadsafe(
-            service.run(question, options, on_event=self._event, tools=tools, source="chat"), shared_loop())
+        work = service.resume(resume[0], resume[1], on_event=self._event) if resume is not None else service.start(
+            question, options, on_event=self._event, tools=tools, source="chat", approve_plan=approve_plan)
+        self._future: Future[Any] = asyncio.run_coroutine_threadsafe(work, shared_loop())
         self._future.add_done_callback(self._done)
 
     def _event(self, event: ev.Event) -> None:

@@ -10,6 +10,10 @@ import streamlit as st
 
 from app.container import Services, build
 from app.settings import Settings
+from store.owner import LOCAL
+from store.people import ScopedStore, Viewer
+from store.session_log import SessionLog
+from store.users import Users
 
 _injected: Services | None = None
 
@@ -38,3 +42,33 @@ def _settings() -> Settings:
 def settings() -> Settings:
     """The settings (read without building the services, so the login page loads nothing)."""
     return _injected.settings if _injected is not None else _settings()
+
+
+@st.cache_resource(show_spinner=False)
+def _people_log() -> SessionLog:
+    return SessionLog.from_config(_settings().store)
+
+
+def people_log() -> SessionLog:
+    """The session log for logins and people (opened without loading the policy, so the login page stays light)."""
+    return _injected.log if _injected is not None else _people_log()
+
+
+def users() -> Users:
+    """The accounts table."""
+    return Users(people_log())
+
+
+def has_accounts() -> bool:
+    """Whether named password accounts exist (then even a loopback UI asks who you are)."""
+    return any(u.kind == "password" for u in users().list())
+
+
+def viewer() -> Viewer:
+    """Who is looking, from the browser session (set at login; the open loopback UI is the local admin)."""
+    return Viewer(str(st.session_state.get("user_id") or LOCAL), st.session_state.get("role") == "admin")
+
+
+def scoped() -> ScopedStore:
+    """The store as the visitor may see it: only their own sessions, threads and feedback (admins: everyone's)."""
+    return ScopedStore(services().log, viewer())

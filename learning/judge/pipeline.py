@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from learning.judge.feedback import feedback_rubrics
-from learning.judge.types import Judgement, TrajectoryJudge, Usage
+from learning.judge.types import Judgement, Rubric, TrajectoryJudge, Usage
+from learning.judge.user_rubrics import session_user_rubrics
 from store.records import SessionRecord, normalise_question
 from store.session_log import SessionLog
 
@@ -49,14 +50,18 @@ async def judge_pending(
     summary = JudgeRunSummary()
     records = [log.get(sid) for sid in log.completed_unjudged(since=since, limit=limit)]
     groups: dict[str, list[SessionRecord]] = {}
+    own: dict[str, tuple[Rubric, ...]] = {}
     for rec in records:
-        groups.setdefault(normalise_question(rec.question), []).append(rec)
+        # A session whose user edited its plan is judged alone, with the user's rubrics (learning/judge/user_rubrics).
+        own[rec.session_id] = session_user_rubrics(log, rec.session_id)
+        key = normalise_question(rec.question) + (f"\0{rec.session_id}" if own[rec.session_id] else "")
+        groups.setdefault(key, []).append(rec)
     for recs in groups.values():
         summary.groups += 1
         say(f"judging {len(recs)} session(s): {recs[0].question[:80]!r}")
         try:
             # Users' notes on earlier answers to this question are extra persistent rubrics (learning/judge/feedback).
-            persistent = feedback_rubrics(log.feedback_for_question(recs[0].question))
+            persistent = feedback_rubrics(log.feedback_for_question(recs[0].question)) + own[recs[0].session_id]
             judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs], persistent=persistent)
             if len(judgements) != len(recs):
                 raise RuntimeError(f"the judge returned {len(judgements)} judgements for {len(recs)} sessions")

@@ -40,6 +40,7 @@ class SessionLogBase:
         busy_timeout_s: float = 10.0,
         synchronous: Literal["NORMAL", "FULL"] = "FULL",
         clock: Callable[[], datetime] | None = None,
+        consent_default: bool = True,
     ) -> None:
         """Open (creating what is missing) and migrate the database: a SQLite file at `path`, or the PostgreSQL
         database at `database_url`; exactly one of the two.
@@ -52,6 +53,8 @@ class SessionLogBase:
                 turn; NORMAL is faster and still survives a crash of the process. (PostgreSQL commits are as durable
                 as the server's synchronous_commit makes them; on by default.)
             clock: Returns "now" (tests pass a fixed clock); defaults to the UTC wall clock.
+            consent_default: Whether the sessions of people who have not chosen (no `users.consent`) may be judged,
+                trained on and reflected into the bank (the deployment setting `StoreConfig.consent_default`).
 
         Raises:
             InvalidInput: Both or neither of `path` and `database_url`, a malformed URL, or a bad `synchronous`.
@@ -62,6 +65,7 @@ class SessionLogBase:
         if synchronous not in ("NORMAL", "FULL"):
             raise InvalidInput(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
         self._clock = clock if clock is not None else (lambda: datetime.now(UTC))
+        self.consent_default = bool(consent_default)
         self._db: SqliteDatabase | PostgresDatabase
         if database_url is not None and path is None:
             from store.db.postgres import PostgresDatabase  # psycopg is imported only when PostgreSQL is used
@@ -76,8 +80,8 @@ class SessionLogBase:
     def from_config(cls, config: StoreConfig, *, clock: Callable[[], datetime] | None = None) -> Self:
         """The store's session log: PostgreSQL when `config.database_url` is set, else the SQLite file in data_dir."""
         if config.database_url is not None:
-            return cls(database_url=config.database_url, clock=clock)
-        return cls(config.sqlite_path, clock=clock)
+            return cls(database_url=config.database_url, clock=clock, consent_default=config.consent_default)
+        return cls(config.sqlite_path, clock=clock, consent_default=config.consent_default)
 
     # -- plumbing --
 
@@ -90,6 +94,13 @@ class SessionLogBase:
         write lock when `write`, else one read snapshot. SQL is written in SQLite's dialect (`?` placeholders);
         driver errors come out as store errors."""
         return self._db.transaction(write=write)
+
+    def learnable_sql(self, alias: str = "s") -> tuple[str, tuple[object, ...]]:
+        """A WHERE fragment (and its parameter) true for sessions that may be judged, trained on and reflected into
+        the bank: no per-session opt-out, and the owner consents (their own choice, else the deployment default).
+        Checked at use, not at creation, so withdrawing consent also covers sessions already logged."""
+        return (f"{alias}.training_opt_out = 0 AND COALESCE((SELECT u.consent FROM users u "
+                f"WHERE u.user_id = {alias}.owner), ?) = 1", (int(self.consent_default),))
 
     def now(self) -> str:
         """The log's clock as an ISO-8601 UTC string."""

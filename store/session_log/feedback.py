@@ -35,7 +35,7 @@ def _feedback_record(row: Sequence[Any]) -> FeedbackRecord:
 class FeedbackMixin(SessionLogBase):
     """Feedback writes and reads; a session (of any status) may collect several pieces."""
 
-    def add_feedback(self, session_id: str, rating: str | None, note: str) -> int:
+    def add_feedback(self, session_id: str, rating: str | None, note: str, owner: str | None = None) -> int:
         """Store a user's feedback on a session (any status); a session may collect several. Returns its id.
 
         Args:
@@ -43,6 +43,8 @@ class FeedbackMixin(SessionLogBase):
             rating: "up", "down" or None (a note without a thumb).
             note: Free text, "what was missing or wrong"; stripped, at most MAX_FEEDBACK_NOTE characters, may be
                 empty when a rating is given.
+            owner: Who gave it; defaults to the session's owner (people give feedback only on their own sessions,
+                `store.people.ScopedStore`).
 
         Raises:
             InvalidInput: Unknown rating, a note that is not a str or too long, or neither a rating nor a note
@@ -62,9 +64,13 @@ class FeedbackMixin(SessionLogBase):
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
             self._status(conn, session_id)
+            if owner is None:
+                owner = str(conn.execute("SELECT owner FROM sessions WHERE session_id = ?",
+                                         (session_id,)).fetchone()[0])
             row = conn.execute(
-                "INSERT INTO feedback (session_id, rating, note, created_at) VALUES (?, ?, ?, ?) RETURNING feedback_id",
-                (session_id, rating, stored, now),
+                "INSERT INTO feedback (session_id, rating, note, owner, created_at) VALUES (?, ?, ?, ?, ?) "
+                "RETURNING feedback_id",
+                (session_id, rating, stored, owner, now),
             ).fetchone()
             return int(row[0])
 
@@ -84,8 +90,8 @@ class FeedbackMixin(SessionLogBase):
         return [_feedback_record(r) for r in rows]
 
     def feedback_for_question(self, question: str) -> list[FeedbackRecord]:
-        """Feedback on every session whose question is the same after normalisation (`normalise_question`),
-        oldest first.
+        """Feedback on every learnable session (`learnable_sql`) whose question is the same after normalisation
+        (`normalise_question`), oldest first.
 
         The sessions table keeps no question hash, so sessions with feedback are matched here in Python: feedback
         rows are few (one per user action), so this stays cheap.
@@ -96,9 +102,13 @@ class FeedbackMixin(SessionLogBase):
         if not isinstance(question, str):
             raise InvalidInput(f"question must be a str, got {type(question).__name__}")
         key = normalise_question(question)
+        # The judge turns these notes into rubrics for everyone's sessions of the question: only notes on sessions
+        # that may be learned from (their owner consents, not opted out) are used.
+        learnable, consent = self.learnable_sql("s")
         with self._transaction("DEFERRED") as conn:
             rows = conn.execute(
                 "SELECT f.feedback_id, f.session_id, s.question, f.rating, f.note, f.created_at FROM feedback f "
-                "JOIN sessions s ON s.session_id = f.session_id ORDER BY f.feedback_id"
+                f"JOIN sessions s ON s.session_id = f.session_id WHERE {learnable} ORDER BY f.feedback_id",
+                consent,
             ).fetchall()
         return [_feedback_record(r) for r in rows if normalise_question(text_out(r[2])) == key]

@@ -90,9 +90,10 @@ class JudgementsMixin(SessionLogBase):
         ]
 
     def completed_unjudged(self, since: datetime | None = None, limit: int | None = None) -> list[str]:
-        """Ids of completed sessions without any judgement and without a training opt-out, oldest completion first.
+        """Ids of completed sessions without any judgement that may be learned from, oldest completion first.
 
-        Opted-out sessions (a user's choice, benchmark runs, gate probes) are never judged for training.
+        Opted-out sessions (a user's choice, benchmark runs, gate probes) and sessions of people who do not consent
+        (`learnable_sql`) are never judged for training.
 
         Args:
             since: Only sessions that finished at or after this moment (naive datetimes are taken as UTC).
@@ -105,13 +106,14 @@ class JudgementsMixin(SessionLogBase):
             raise InvalidInput(f"limit must be None or an int >= 1, got {limit!r}")
         if since is not None and not isinstance(since, datetime):
             raise InvalidInput(f"since must be a datetime, got {type(since).__name__}")
+        learnable, consent = self.learnable_sql("s")
         with self._transaction("DEFERRED") as conn:
             rows = conn.execute(
-                "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND s.training_opt_out = 0 "
+                f"SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND {learnable} "
                 "AND s.finished_at >= ? "
                 "AND NOT EXISTS (SELECT 1 FROM judgements j WHERE j.session_id = s.session_id AND j.status = 'ok') "
                 f"ORDER BY s.finished_at, s.rowid{'' if limit is None else ' LIMIT ?'}",
-                ("" if since is None else iso(since), *(() if limit is None else (limit,))),
+                (*consent, "" if since is None else iso(since), *(() if limit is None else (limit,))),
             ).fetchall()
         return [str(r[0]) for r in rows]
 

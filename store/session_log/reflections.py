@@ -314,7 +314,8 @@ class ReflectionsMixin(SessionLogBase):
     def sessions_without_reflection(self, limit: int | None = None) -> list[str]:
         """Ids of completed sessions with an "ok" judgement and no reflection batch yet, oldest completion first.
 
-        Sessions with a training opt-out (a user's choice, benchmark runs, gate probes) are never reflected.
+        Sessions with a training opt-out (a user's choice, benchmark runs, gate probes) or of a person who does not
+        consent to learning are never reflected.
 
         A batch counts whatever its outcome (a batch whose judge failed is stored too), so a session is offered once.
 
@@ -323,12 +324,13 @@ class ReflectionsMixin(SessionLogBase):
         """
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise InvalidInput(f"limit must be None or an int >= 1, got {limit!r}")
+        learnable, consent = self.learnable_sql("s")
         with self._transaction("DEFERRED") as conn:
             rows = conn.execute(
-                "SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND s.training_opt_out = 0 "
+                f"SELECT s.session_id FROM sessions s WHERE s.status = 'completed' AND {learnable} "
                 "AND EXISTS (SELECT 1 FROM judgements j WHERE j.session_id = s.session_id AND j.status = 'ok') "
                 "AND NOT EXISTS (SELECT 1 FROM reflection_candidates c WHERE c.session_id = s.session_id) "
                 f"ORDER BY s.finished_at, s.rowid{'' if limit is None else ' LIMIT ?'}",
-                () if limit is None else (limit,),
+                (*consent, *(() if limit is None else (limit,))),
             ).fetchall()
         return [str(r[0]) for r in rows]

@@ -41,6 +41,7 @@ from store.session_log.codec import (
     unpack_floats,
     unpack_ids,
 )
+from store.owner import current_actor
 from store.session_log.connection import SessionLogBase
 
 _STATUSES: tuple[str, ...] = get_args(SessionStatus)
@@ -65,6 +66,7 @@ class SessionSummary:
     malformed: bool
     error: str | None
     source: SessionSource = "api"
+    owner: str = "local"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +159,7 @@ class SessionsMixin(SessionLogBase):
         policy_version: str,
         session_id: str | None = None,
         source: SessionSource = "api",
+        owner: str | None = None,
     ) -> str:
         """Start a session with status "running".
 
@@ -169,6 +172,8 @@ class SessionsMixin(SessionLogBase):
             session_id: The id to use; a uuid4 hex is generated when None.
             source: Where the session comes from (`store.records.SessionSource`). Sources in `UNLEARNED_SOURCES`
                 (benchmark runs, gate probes) start with the training opt-out set.
+            owner: Whose session it is; None takes the current actor (`store.owner.acting_as`, else "local"),
+                whose per-session learning choice then sets the training opt-out too.
 
         Returns:
             The session id.
@@ -178,13 +183,16 @@ class SessionsMixin(SessionLogBase):
             DuplicateSession: `session_id` is already taken.
         """
         sid = uuid.uuid4().hex if session_id is None else label_in(session_id, "session_id")
+        actor = current_actor()
+        who = label_in(actor.owner if owner is None else owner, "owner")
+        opt_out = source in UNLEARNED_SOURCES or (owner is None and not actor.learn)
         if not isinstance(prompt, PromptRecord):
             raise InvalidInput(f"prompt must be a PromptRecord, got {type(prompt).__name__}")
         values = (
             sid, text_in(question, "question"), label_in(policy_version, "policy_version"),
             mapping_in(options, "options"), text_in(prompt.text, "prompt.text"),
             pack_ids(prompt.token_ids, "prompt"), label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True),
-            choice_in(source, _SESSION_SOURCES, "source"), int(source in UNLEARNED_SOURCES),
+            choice_in(source, _SESSION_SOURCES, "source"), int(opt_out), who,
         )
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
@@ -192,8 +200,8 @@ class SessionsMixin(SessionLogBase):
                 raise DuplicateSession(sid)
             conn.execute(
                 "INSERT INTO sessions (session_id, question, policy_version, options_json, prompt_text, "
-                "prompt_token_ids, prompt_sha, source, training_opt_out, status, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+                "prompt_token_ids, prompt_sha, source, training_opt_out, owner, status, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
                 (*values, now, now),
             )
         return sid
@@ -373,7 +381,7 @@ class SessionsMixin(SessionLogBase):
             s = conn.execute(
                 "SELECT question, status, created_at, finished_at, policy_version, options_json, prompt_text, "
                 "prompt_token_ids, prompt_sha, malformed, max_consecutive_tool_errors, injected_bank_items_json, "
-                "report, error, metrics_json, source, training_opt_out FROM sessions WHERE session_id = ?",
+                "report, error, metrics_json, source, training_opt_out, owner FROM sessions WHERE session_id = ?",
                 (session_id,),
             ).fetchone()
             if s is None:
@@ -422,11 +430,13 @@ class SessionsMixin(SessionLogBase):
             session_id=session_id, question=trajectory.question, status=s[1], created_at=s[2], finished_at=s[3],
             policy_version=s[4], options=json.loads(s[5]), trajectory=trajectory, report=opt_text_out(s[12]),
             error=opt_text_out(s[13]), metrics=json.loads(s[14]), source=s[15], training_opt_out=bool(s[16]),
+            owner=s[17],
         )
 
     def list_sessions(self, limit: int = 50, status: str | None = None,
-                      sources: Collection[str] | None = None) -> list[SessionSummary]:
-        """Newest sessions first (by creation), optionally only those with `status` and from one of `sources`.
+                      sources: Collection[str] | None = None, owner: str | None = None) -> list[SessionSummary]:
+        """Newest sessions first (by creation), optionally only those with `status`, from one of `sources`, and
+        of `owner` (people see only their own through `store.people.ScopedStore`).
 
         Raises:
             InvalidInput: `limit` < 1, an unknown status or source, or an empty `sources`.
@@ -444,18 +454,22 @@ class SessionsMixin(SessionLogBase):
             picked = sorted({choice_in(x, _SESSION_SOURCES, "source") for x in sources})
             clauses.append(f"s.source IN ({', '.join('?' * len(picked))})")
             params.extend(picked)
+        if owner is not None:
+            clauses.append("s.owner = ?")
+            params.append(owner)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         with self._transaction("DEFERRED") as conn:
             rows = conn.execute(
                 "SELECT s.session_id, s.question, s.status, s.created_at, s.finished_at, s.policy_version, "
                 "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.session_id), "
-                "(SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = s.session_id), s.malformed, s.error, s.source "
+                "(SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = s.session_id), s.malformed, s.error, s.source, "
+                "s.owner "
                 f"FROM sessions s {where} ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?",
                 (*params, limit),
             ).fetchall()
         return [
             SessionSummary(session_id=r[0], question=text_out(r[1]), status=r[2], created_at=r[3], finished_at=r[4],
                            policy_version=r[5], n_turns=int(r[6]), n_tool_calls=int(r[7]), malformed=bool(r[8]),
-                           error=opt_text_out(r[9]), source=r[10])
+                           error=opt_text_out(r[9]), source=r[10], owner=r[11])
             for r in rows
         ]

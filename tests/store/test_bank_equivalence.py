@@ -21,7 +21,7 @@ from chromadb.api.models.Collection import Collection
 from store.config import BankConfig, StoreConfig
 from store.embeddings import load_model
 from store.records import BankHit, BankItem, Retrieval, question_sha
-from store.rubric_bank import RubricBank
+from store.rubric_bank import RubricBank, withhold_question
 
 NOW = datetime(2026, 11, 1, tzinfo=UTC)
 SIMILARITY_TOLERANCE = 1e-6
@@ -89,7 +89,8 @@ def reference_retrieve(
         if len(kept) >= top_k or depth >= n:
             break
         depth *= 4
-    hits = [h for h in kept[:top_k] if h.similarity >= min_similarity]
+    # Another question's text is withheld from cross-episode hits (it may be another person's; issue 18).
+    hits = [BankHit(withhold_question(h.item), h.similarity) for h in kept[:top_k] if h.similarity >= min_similarity]
     return Retrieval("cross", tuple(hits)) if hits else Retrieval("none")
 
 

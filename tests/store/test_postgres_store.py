@@ -19,6 +19,7 @@ from pydantic import SecretStr
 
 from store import InvalidInput, LockHeld, PromptRecord, SessionLog, StorageError, StoreConfig, StoreUnreachable
 from store.db import advisory_lock
+from store.migrations import load_migrations
 from tests.postgres import PostgresServer
 from tests.servers import free_port
 
@@ -106,7 +107,7 @@ def test_the_password_never_shows_in_reprs_diagnostics_or_errors(postgres_url: s
 def test_diagnostics_name_the_server_schema_and_lock_timeout(postgres_url: str) -> None:
     with SessionLog(database_url=postgres_url, busy_timeout_s=2.5) as log:
         info = log.pragmas()
-    assert info["backend"] == "postgresql" and info["schema_version"] == 7
+    assert info["backend"] == "postgresql" and info["schema_version"] == len(load_migrations())
     assert info["lock_timeout"] == "2500ms" and str(info["server_version"])[:2].isdigit()
 
 

@@ -12,7 +12,7 @@ import pytest
 from store.config import BankConfig, StoreConfig
 from store.errors import InvalidInput
 from store.records import BankItem, question_sha
-from store.rubric_bank import BankError, BankItemNotFound, RubricBank
+from store.rubric_bank import WITHHELD_QUESTION, BankError, BankItemNotFound, RubricBank
 
 NOW = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -37,7 +37,8 @@ def test_within_episode_is_an_exact_question_match_and_cross_episode_the_top_k_o
     bank: RubricBank,
 ) -> None:
     dracula = item("Who wrote the novel Dracula?")
-    for it in (dracula, item("Which author wrote Frankenstein?"), item("What is the capital city of France?"),
+    frankenstein = item("Which author wrote Frankenstein?")
+    for it in (dracula, frankenstein, item("What is the capital city of France?"),
                item("Who painted the Mona Lisa?")):
         assert bank.put(it).stored
 
@@ -48,7 +49,10 @@ def test_within_episode_is_an_exact_question_match_and_cross_episode_the_top_k_o
     assert cross.mode == "cross" and 1 <= len(cross.hits) <= 2  # top-k = 2 by default
     sims = [h.similarity for h in cross.hits]
     assert sims == sorted(sims, reverse=True) and min(sims) >= bank.config.min_similarity
-    assert {h.item.question for h in cross.hits} <= {"Who wrote the novel Dracula?", "Which author wrote Frankenstein?"}
+    assert {h.item.id for h in cross.hits} <= {dracula.id, frankenstein.id}
+    # Another question's text never travels into a prompt (it may be another person's): rubrics and takeaways only.
+    assert {h.item.question for h in cross.hits} == {WITHHELD_QUESTION}
+    assert {h.item.rubrics for h in cross.hits} <= {dracula.rubrics, frankenstein.rubrics}
 
     # Asked explicitly for cross-episode items, a question's own item is never among them.
     own_excluded = bank.retrieve("Who wrote the novel Dracula?", mode="cross", min_similarity=-1.0)

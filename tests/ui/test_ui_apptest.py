@@ -128,13 +128,14 @@ def test_exposed_ui_requires_the_password_and_roles_gate_retraining(make_service
                            admin_password=SecretStr("admin-pw")))
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
     assert [s.value for s in at.subheader] == ["Log in"] and not at.chat_input
-    at.text_input[0].input("guess")
+    assert [t.label for t in at.text_input] == ["Name", "Password"]
+    at.text_input[1].input("guess")
     at.button[0].click().run()
-    assert any("Wrong password" in e.value for e in at.error) and not at.chat_input
-    at.text_input[0].input("user-pw")
+    assert any("Wrong name or password" in e.value for e in at.error) and not at.chat_input
+    at.text_input[1].input("user-pw")  # no name: the shared password, a one-user shortcut (the local user)
     at.button[0].click().run()
-    assert at.session_state["role"] == "user" and at.chat_input
-    assert "user-pw" not in repr(at.session_state)  # only the role is kept
+    assert at.session_state["role"] == "user" and at.session_state["user_id"] == "local" and at.chat_input
+    assert "user-pw" not in repr(at.session_state)  # only the user id and role are kept
 
     learning = AppTest.from_function(_learning_script, default_timeout=TIMEOUT)
     learning.session_state["role"] = "user"

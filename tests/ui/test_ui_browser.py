@@ -108,6 +108,8 @@ def test_ask_see_stages_click_citation_feedback_and_export(ui_server: tuple[str,
             box = page.get_by_test_id("stChatInputTextArea")
             box.wait_for(timeout=RUN_TIMEOUT_MS)  # the first visit loads the policy and indexes the corpus
             page.screenshot(path=str(ARTIFACTS / "01-start.png"), full_page=True)
+            # This chat researches straight through: plan approval (on by default) is tested on its own below.
+            page.get_by_text("Approve the plan before research").click()
 
             exports = page.get_by_role("button", name="⬇ Markdown")
             for asked, question in enumerate([QUESTION, *FOLLOW_UPS], 1):

@@ -1,0 +1,88 @@
+"""Durable sessions (issue 21): where a service's checkpoints go, and the rules of resuming.
+
+Every session the service runs is one LangGraph thread (thread id = session id) whose steps are checkpointed in a
+SQLite file beside the session log's (`<data>/checkpoints.sqlite3`), or in the store's PostgreSQL database. The
+session log still gets every turn the moment it exists; a resume first drops the turns a killed process wrote after
+its last checkpoint (`SessionRuns.truncate`), so each turn is in the log exactly once and the trajectory stays one
+contiguous token sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from agent.checkpoint import CheckpointTarget, open_checkpointer
+from agent.errors import InputError
+from store.config import StoreConfig
+from store.errors import StorageError
+from store.session_log import SessionLog
+from store.session_log.checkpoints import SessionRuns
+
+CHECKPOINT_FILE = "checkpoints.sqlite3"
+
+
+class ResumeError(InputError):
+    """A session that cannot be resumed (unknown, finished, or not durable); nothing was changed."""
+
+
+def checkpoint_target(store: StoreConfig) -> CheckpointTarget:
+    """PostgreSQL when the store is PostgreSQL, else a SQLite file beside the store's."""
+    if store.database_url is not None:
+        url = store.database_url
+        return CheckpointTarget(database_url=url.get_secret_value() if hasattr(url, "get_secret_value") else str(url))
+    return CheckpointTarget(sqlite_path=Path(store.sqlite_path).with_name(CHECKPOINT_FILE))
+
+
+@dataclass
+class DurableSessions:
+    """What a ResearchService needs to checkpoint its sessions."""
+
+    target: CheckpointTarget
+    runs: SessionRuns
+    keep_checkpoints: bool = False
+    approval_expiry_s: float = 86400.0
+
+    @classmethod
+    def for_store(cls, log: SessionLog, store: StoreConfig, *, keep_checkpoints: bool = False,
+                  approval_expiry_s: float = 86400.0) -> DurableSessions:
+        return cls(checkpoint_target(store), SessionRuns(log), keep_checkpoints, approval_expiry_s)
+
+    def expiry(self, now: datetime | None = None) -> str:
+        """When a plan paused now stops waiting (ISO-8601 UTC)."""
+        at = (now or datetime.now(UTC)) + timedelta(seconds=self.approval_expiry_s)
+        return at.isoformat(timespec="seconds")
+
+
+def expired(expires_at: str | None, now: datetime | None = None) -> bool:
+    """Whether a pause's expiry time has passed."""
+    if not expires_at:
+        return False
+    return datetime.fromisoformat(expires_at) <= (now or datetime.now(UTC))
+
+
+def purge_checkpoints(store: StoreConfig, session_ids: Sequence[str]) -> int:
+    """Delete the LangGraph checkpoints of these sessions; returns how many threads were asked to go.
+
+    A person's deletion calls this before it deletes their rows: a running or paused session's checkpoint holds
+    their question, plan and evidence, and outside the store's transaction it would outlive the rows. Done first,
+    a failure here stops the deletion with nothing deleted; a checkpoint file that was never created is left alone.
+    """
+    target = checkpoint_target(store)
+    if not session_ids or (target.sqlite_path is not None and not target.sqlite_path.exists()):
+        return 0
+
+    async def purge() -> None:
+        async with open_checkpointer(target) as saver:
+            for sid in session_ids:
+                await saver.adelete_thread(sid)
+
+    try:
+        asyncio.run(purge())
+    except Exception as exc:  # noqa: BLE001 - aiosqlite/psycopg errors become the store's typed error
+        raise StorageError(f"could not delete the sessions' checkpoints at {target.location}: "
+                           f"{type(exc).__name__}") from exc
+    return len(session_ids)

@@ -1,0 +1,97 @@
+"""Checks and repairs before a session goes on from its checkpoint (`ResearchService.resume`).
+
+Bad input changes nothing: an unknown session (SessionNotFound), a finished one, one never run durably, or an
+answer to a session that is not waiting for one (ResumeError). A session that cannot go on (its checkpoint missing,
+unreadable, or not matching the log; its approval expired) is marked failed, and its run state says why.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agent.approval import PlanDecision, PlanForApproval
+from agent.checkpoint import open_checkpointer
+from agent.config import RunOptions
+from agent.deps import AgentDeps
+from agent.graph import build_graph
+from agent.tools.ids import CallIdFactory
+from app.durable import ResumeError, expired
+from store.errors import InvalidInput
+from store.records import SessionRecord
+from store.session_log.checkpoints import PlanApproval, RunStateName
+
+if TYPE_CHECKING:
+    from app.service import EventSink, ResearchPaused, ResearchService
+
+
+async def prepare_resume(
+    service: ResearchService, sid: str, decision: PlanDecision | None, sink: EventSink
+) -> ResearchPaused | tuple[SessionRecord, AgentDeps, int]:
+    """The paused plan again (no decision given), or the session's record, fresh deps and the dropped turns."""
+    from app.service import ResearchPaused, RunFailedError
+
+    rec = service.log.get(sid)  # SessionNotFound for an unknown id
+    durable = service.durable
+    if durable is None:
+        raise ResumeError("durable sessions are off (RUBRICEM_SESSIONS__CHECKPOINTS=false): nothing to resume")
+    if rec.status != "running":
+        raise ResumeError(f"session {sid} is {rec.status}: only an unfinished session can be resumed")
+    run = durable.runs.get(sid)
+    if run is None or run.state not in ("active", "awaiting_approval"):
+        why = "was not run with checkpoints" if run is None else f"is {run.state}"
+        raise ResumeError(f"session {sid} {why}: it cannot be resumed")
+    waiting = run.state == "awaiting_approval"
+    if not waiting and decision is not None:
+        raise ResumeError(f"session {sid} is not waiting for plan approval")
+
+    def give_up(state: RunStateName, reason: str) -> RunFailedError:
+        service.log.finish(sid, "failed", error=reason, metrics={"interrupted": state})
+        durable.runs.set_state(sid, state, reason=reason)
+        return RunFailedError(sid, reason)
+
+    if waiting and expired(run.expires_at):
+        failure = give_up("expired", f"the plan waited for approval past {run.expires_at} and expired")
+        if not durable.keep_checkpoints:  # the session has ended: its checkpoints go, as on any end
+            try:
+                async with open_checkpointer(durable.target) as cp:
+                    await cp.adelete_thread(run.thread_id)
+            except Exception:  # noqa: BLE001 - leftover checkpoints cost disk, not correctness
+                pass
+        raise failure
+    if waiting and decision is None:
+        plan = PlanForApproval.from_dict(run.pause or {})
+        return ResearchPaused(sid, plan, run.expires_at or "")
+    try:
+        async with open_checkpointer(durable.target) as cp:
+            snapshot = await build_graph(cp).aget_state({"configurable": {"thread_id": run.thread_id}})
+        values: dict[str, Any] = dict(snapshot.values or {})
+    except Exception as exc:  # noqa: BLE001 - a corrupt checkpoint in any form ends the session, with the reason
+        raise give_up("interrupted", f"the checkpoint could not be read ({type(exc).__name__}: {exc})") from exc
+    if "prompt" not in values:
+        raise give_up("interrupted", f"no checkpoint for session {sid} in {durable.target.location}")
+    turns, calls = list(values.get("turns", [])), list(values.get("tool_calls", []))
+    try:
+        dropped = durable.runs.truncate(sid, turns, len(calls))
+    except InvalidInput as exc:
+        raise give_up("interrupted", f"the checkpoint does not match the session log ({exc})") from exc
+    if decision is not None:
+        policy_plan = "".join(t.text for t in turns if t.stage == "plan" and t.kind == "sampled")
+        approved = {"rubric": list(decision.rubric), "note": decision.note} if decision.action == "edit" else {}
+        durable.runs.record_approval(PlanApproval(sid, decision.action, decision.owner, policy_plan, approved))
+    durable.runs.set_state(sid, "active")
+    return rec, _deps(service, rec, values, turns, len(calls)), dropped
+
+
+def _deps(service: ResearchService, rec: SessionRecord, values: dict[str, Any], turns: list[Any],
+          n_calls: int) -> AgentDeps:
+    """Deps for the rest of the run: the session's own options; a fresh wall-clock budget (the time a process was
+    dead or a plan waited is not research time); call ids advanced past the ones already used."""
+    options = RunOptions.model_validate(rec.options)
+    ids = CallIdFactory(options.seed)
+    for _ in range(n_calls):  # a seeded run draws the ids it would have drawn next
+        ids()
+    deps = AgentDeps(policy=service.policy, tools=service.tools, options=options, call_ids=ids,
+                     prompt_sha=rec.trajectory.prompt.prompt_sha, approve_plan=bool(values.get("approve_plan")))
+    deps.generate_calls = sum(1 for t in turns if t.kind == "sampled")
+    deps.started_at = deps.clock()
+    return deps

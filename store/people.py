@@ -1,0 +1,97 @@
+"""The user-scoped view of the store: what one person may list, open, export and give feedback on.
+
+Privacy is enforced here, in the queries, not by hiding buttons: a person sees only sessions (and thread rows and
+feedback) they own; an admin sees everyone's and may filter by owner. Someone else's session id is answered exactly
+like a missing one (`SessionNotFound`, "no session with id ..."), so ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from store.errors import SessionNotFound
+from store.records import SessionRecord
+from store.session_log import FeedbackRecord, JudgementRecord, SessionLog, SessionSummary
+from store.threads import ChatThreads
+
+
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    """Who is looking: their user id and whether they are an admin."""
+
+    user_id: str
+    admin: bool = False
+
+
+class ScopedStore:
+    """The session log and chat threads as one viewer may see them."""
+
+    def __init__(self, log: SessionLog, viewer: Viewer) -> None:
+        self.log = log
+        self.viewer = viewer
+        self._threads = ChatThreads(log)
+
+    @property
+    def _owner_filter(self) -> str | None:
+        return None if self.viewer.admin else self.viewer.user_id
+
+    def owner_of(self, session_id: str) -> str:
+        """The owner of a session this viewer may see. Raises SessionNotFound otherwise (missing or not theirs)."""
+        with self.log.transaction(write=False) as conn:
+            row = conn.execute("SELECT owner FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        if row is None or (not self.viewer.admin and row[0] != self.viewer.user_id):
+            raise SessionNotFound(session_id)
+        return str(row[0])
+
+    def list_sessions(self, limit: int = 50, status: str | None = None, sources: Collection[str] | None = None,
+                      user: str | None = None) -> list[SessionSummary]:
+        """Newest first: the viewer's own sessions; an admin's view is everyone's, or `user`'s when given (a
+        non-admin asking for another user's gets their own filter, never the other's)."""
+        owner = (user if user is not None else None) if self.viewer.admin else self.viewer.user_id
+        return self.log.list_sessions(limit=limit, status=status, sources=sources, owner=owner)
+
+    def owners(self) -> list[str]:
+        """Everyone who owns a session, for an admin's filter; a non-admin gets only themselves."""
+        if not self.viewer.admin:
+            return [self.viewer.user_id]
+        with self.log.transaction(write=False) as conn:
+            rows = conn.execute("SELECT DISTINCT owner FROM sessions ORDER BY owner").fetchall()
+        return [str(r[0]) for r in rows]
+
+    def get(self, session_id: str) -> SessionRecord:
+        """The whole session (for display and export). Raises SessionNotFound when missing or not the viewer's."""
+        self.owner_of(session_id)
+        return self.log.get(session_id)
+
+    def judgements(self, session_id: str) -> list[JudgementRecord]:
+        """The session's judgements. Raises SessionNotFound when missing or not the viewer's."""
+        self.owner_of(session_id)
+        return self.log.judgements(session_id)
+
+    def feedback(self, session_id: str) -> list[FeedbackRecord]:
+        """Feedback on the session. Raises SessionNotFound when missing or not the viewer's."""
+        self.owner_of(session_id)
+        return self.log.feedback(session_id)
+
+    def add_feedback(self, session_id: str, rating: str | None, note: str) -> int:
+        """Feedback from the viewer on a session they own (admins on any). Raises SessionNotFound otherwise."""
+        self.owner_of(session_id)
+        return self.log.add_feedback(session_id, rating, note, owner=self.viewer.user_id)
+
+    def thread_of(self, session_id: str) -> str | None:
+        """The chat thread of a session the viewer may see. Raises SessionNotFound otherwise."""
+        self.owner_of(session_id)
+        return self._threads.thread_of(session_id)
+
+    def thread_sessions(self, thread_id: str) -> list[str]:
+        """The thread's sessions the viewer may see, in order (empty for a thread that is not theirs)."""
+        return self._threads.sessions(thread_id, owner=self._owner_filter)
+
+    def set_learning(self, session_id: str, learn: bool) -> None:
+        """The per-session consent toggle: whether this session may be judged, trained on and reflected into the
+        bank (the person's own setting still applies on top). Raises SessionNotFound when not the viewer's."""
+        self.owner_of(session_id)
+        with self.log.transaction(write=True) as conn:
+            conn.execute("UPDATE sessions SET training_opt_out = ? WHERE session_id = ? AND source NOT IN "
+                         "('eval', 'probe')", (int(not learn), session_id))

@@ -1,0 +1,188 @@
+"""Durable sessions and plan approval in the session log (migration 0009, issue 21).
+
+The checkpoints themselves live in LangGraph's checkpointer (`agent.checkpoint`); this module keeps, beside each
+session, which thread holds them and where the run stands (`RunState`), what the user decided about a paused plan
+(`PlanApproval`), and the one repair a resume needs: dropping the turns and tool calls a killed process wrote after
+its last checkpoint, so that every turn is in the log exactly once.
+
+The sessions table keeps its three statuses: a paused or cut-off session is still 'running'; a rejected, expired
+or unresumable one ends 'failed' (never trained on), and `RunState.state` says why.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from store.errors import InvalidInput, SessionNotFound
+from store.records import Turn
+from store.session_log import SessionLog
+from store.session_log.codec import choice_in, json_in, label_in, opt_text_in, text_in, text_out, unpack_ids
+
+RunStateName = Literal["active", "awaiting_approval", "finished", "rejected", "expired", "interrupted"]
+ApprovalAction = Literal["accept", "edit", "reject"]
+_STATES: tuple[str, ...] = get_args(RunStateName)
+_ACTIONS: tuple[str, ...] = get_args(ApprovalAction)
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """Where a durable session stands."""
+
+    session_id: str
+    thread_id: str
+    state: RunStateName
+    reason: str | None
+    pause: dict[str, Any] | None  # what the paused plan shows the user (agent.nodes.approve.PlanForApproval)
+    expires_at: str | None
+    updated_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlanApproval:
+    """The user's decision on a plan, with the policy's own plan kept beside the approved one."""
+
+    session_id: str
+    action: ApprovalAction
+    owner: str
+    policy_plan: str
+    approved: dict[str, Any] = field(default_factory=dict)  # {"rubric": [...], "note": "...", "text": "..."}
+    created_at: str = ""
+
+    @property
+    def user_rubrics(self) -> tuple[str, ...]:
+        """The approved rubric items (they go to the judge for this session)."""
+        return tuple(str(r) for r in self.approved.get("rubric", ()))
+
+
+class SessionRuns:
+    """Run states and plan approvals over a SessionLog's database."""
+
+    def __init__(self, log: SessionLog) -> None:
+        self.log = log
+
+    # -- run states --
+
+    def start(self, session_id: str, thread_id: str) -> None:
+        """Record that a session runs durably on `thread_id` (state 'active')."""
+        now = self.log.now()
+        with self.log.transaction(write=True) as conn:
+            if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is None:
+                raise SessionNotFound(session_id)
+            conn.execute("DELETE FROM session_runs WHERE session_id = ?", (session_id,))
+            conn.execute(
+                "INSERT INTO session_runs (session_id, thread_id, state, updated_at) VALUES (?, ?, 'active', ?)",
+                (session_id, label_in(thread_id, "thread_id"), now),
+            )
+
+    def set_state(
+        self,
+        session_id: str,
+        state: RunStateName,
+        *,
+        reason: str | None = None,
+        pause: Mapping[str, Any] | None = None,
+        expires_at: str | None = None,
+    ) -> None:
+        """Move a durable session to `state` (pause and expiry only mean something while awaiting approval)."""
+        values = (choice_in(state, _STATES, "state"), opt_text_in(reason, "reason"),
+                  None if pause is None else json_in(dict(pause), "pause"), opt_text_in(expires_at, "expires_at"))
+        with self.log.transaction(write=True) as conn:
+            cur = conn.execute(
+                "UPDATE session_runs SET state = ?, reason = ?, pause_json = ?, expires_at = ?, updated_at = ? "
+                "WHERE session_id = ?",
+                (*values, self.log.now(), session_id),
+            )
+            if cur.rowcount == 0:
+                raise SessionNotFound(session_id)
+
+    def get(self, session_id: str) -> RunState | None:
+        """The session's run state, or None for a session that never ran durably."""
+        with self.log.transaction(write=False) as conn:
+            r = conn.execute(
+                "SELECT thread_id, state, reason, pause_json, expires_at, updated_at FROM session_runs "
+                "WHERE session_id = ?", (session_id,),
+            ).fetchone()
+        if r is None:
+            return None
+        return RunState(session_id, r[0], r[1], opt_text(r[2]), None if r[3] is None else json.loads(r[3]), r[4], r[5])
+
+    def waiting(self) -> list[RunState]:
+        """Sessions paused for plan approval, oldest first."""
+        with self.log.transaction(write=False) as conn:
+            rows = conn.execute(
+                "SELECT session_id FROM session_runs WHERE state = 'awaiting_approval' ORDER BY updated_at"
+            ).fetchall()
+        return [s for s in (self.get(r[0]) for r in rows) if s is not None]
+
+    # -- the repair a resume needs --
+
+    def truncate(self, session_id: str, turns: Sequence[Turn], n_tool_calls: int) -> int:
+        """Keep exactly the checkpoint's turns and tool calls in the log of a running session.
+
+        A killed process may have written turns (and a tool call) after its last checkpoint; the resumed run makes
+        them again. Checks that the log's first turns are the checkpoint's (same stage, kind and token ids).
+
+        Returns:
+            How many turns were dropped.
+
+        Raises:
+            InvalidInput: the log holds fewer turns than the checkpoint, or different ones (nothing changed).
+        """
+        with self.log.transaction(write=True) as conn:
+            rows = conn.execute(
+                "SELECT idx, stage, kind, token_ids FROM turns WHERE session_id = ? ORDER BY idx", (session_id,)
+            ).fetchall()
+            if len(rows) < len(turns):
+                raise InvalidInput(f"the log holds {len(rows)} turns, the checkpoint {len(turns)}")
+            for row, turn in zip(rows, turns, strict=False):
+                if (row[1], row[2], unpack_ids(row[3])) != (turn.stage, turn.kind, tuple(turn.token_ids)):
+                    raise InvalidInput(f"turn {row[0]} in the log differs from the checkpoint's")
+            conn.execute("DELETE FROM turns WHERE session_id = ? AND idx >= ?", (session_id, len(turns)))
+            conn.execute("DELETE FROM snippets WHERE session_id = ? AND call_idx >= ?", (session_id, n_tool_calls))
+            conn.execute("DELETE FROM tool_calls WHERE session_id = ? AND idx >= ?", (session_id, n_tool_calls))
+            conn.execute("UPDATE sessions SET updated_at = ? WHERE session_id = ?", (self.log.now(), session_id))
+        return len(rows) - len(turns)
+
+    # -- plan approvals --
+
+    def record_approval(self, approval: PlanApproval) -> None:
+        """Store the user's decision on a session's plan (one per session; a later one replaces it)."""
+        values = (
+            label_in(approval.session_id, "session_id"), choice_in(approval.action, _ACTIONS, "action"),
+            text_in(approval.owner or "local", "owner"), text_in(approval.policy_plan, "policy_plan"),
+            json_in(dict(approval.approved), "approved"),
+        )
+        with self.log.transaction(write=True) as conn:
+            conn.execute("DELETE FROM plan_approvals WHERE session_id = ?", (approval.session_id,))
+            conn.execute(
+                "INSERT INTO plan_approvals (session_id, action, owner, policy_plan, approved_json, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)", (*values, self.log.now()),
+            )
+
+    def approval(self, session_id: str) -> PlanApproval | None:
+        """The decision on a session's plan, if any."""
+        with self.log.transaction(write=False) as conn:
+            r = conn.execute(
+                "SELECT action, owner, policy_plan, approved_json, created_at FROM plan_approvals "
+                "WHERE session_id = ?", (session_id,),
+            ).fetchone()
+        if r is None:
+            return None
+        return PlanApproval(session_id, r[0], text_out(r[1]), text_out(r[2]), json.loads(r[3]), r[4])
+
+    def edited_plans(self, limit: int | None = None) -> list[PlanApproval]:
+        """Plans the user edited, oldest first: (policy plan, approved plan) pairs for export."""
+        with self.log.transaction(write=False) as conn:
+            rows = conn.execute(
+                "SELECT session_id FROM plan_approvals WHERE action = 'edit' ORDER BY created_at, session_id"
+            ).fetchall()
+        picked = [r[0] for r in rows][: limit if limit is not None else None]
+        return [a for a in (self.approval(s) for s in picked) if a is not None]
+
+
+def opt_text(value: object) -> str | None:
+    """A nullable text column read back."""
+    return None if value is None else text_out(value)  # type: ignore[arg-type]

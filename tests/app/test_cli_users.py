@@ -1,0 +1,97 @@
+"""`rubricem users ...` and `rubricem sessions list --user` as an admin runs them (subprocess, SQLite store in a temp
+data folder, a real embedded Chroma bank): accounts, consent, per-user counts, delete-data with its registry mark,
+and bad input (an unknown user, an over-long password) with exit code 2 and no secret in any output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from store import PromptRecord, SessionLog, StoreConfig
+from store.records import BankItem
+from store.registry import Registry
+from store.rubric_bank import RubricBank
+from store.session_log import ReflectionCandidate
+from store.users import Users
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = PromptRecord(text="p", token_ids=(1,), prompt_sha="s")
+
+
+def rubricem(args: list[str], env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          input=stdin, timeout=300)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("RUBRICEM_")}
+    e.update({"RUBRICEM_STORE__DATA_DIR": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1"})
+    return e
+
+
+def test_accounts_consent_and_counts(env: dict[str, str], tmp_path: Path) -> None:
+    added = rubricem(["users", "add", "alice", "--password-stdin", "--consent", "no"], env, "alice's secret pw\n")
+    assert added.returncode == 0, added.stderr
+    assert "added alice (password, user)" in added.stdout and "secret" not in added.stdout + added.stderr
+    assert rubricem(["users", "add", "bob@example.org", "--oidc", "--admin"], env).returncode == 0
+    taken = rubricem(["users", "add", "alice", "--password-stdin"], env, "another long pw\n")
+    assert taken.returncode == 2 and "already exists" in taken.stderr
+    too_long = rubricem(["users", "add", "carol", "--password-stdin"], env, "x" * 73 + "\n")
+    assert too_long.returncode == 2 and "at most 72 bytes" in too_long.stderr and "x" * 73 not in too_long.stderr
+    with SessionLog(tmp_path / "data" / "rubricem.sqlite3") as log:
+        for owner in ("alice", "alice", "bob@example.org"):
+            sid = log.create_session("q?", PROMPT, {}, "base", owner=owner, source="chat")
+            log.finish(sid, "completed", report="r")
+        assert Users(log).verify_password("alice", "alice's secret pw") is not None
+    listed = rubricem(["users", "list"], env).stdout.splitlines()
+    assert listed[0].split()[:3] == ["alice", "password", "user"] and "learn: no" in listed[0]
+    assert "sessions: 2" in listed[0] and "learn: default (yes)" in listed[1]
+    counts = rubricem(["sessions", "list", "--user"], env).stdout.splitlines()
+    assert [c.split()[:2] for c in counts] == [["alice", "2"], ["bob@example.org", "1"]]
+    mine = rubricem(["sessions", "list", "--user", "bob@example.org"], env).stdout.splitlines()
+    assert len(mine) == 1
+    assert "learn from their sessions: yes" in rubricem(["users", "set-consent", "alice", "yes"], env).stdout
+    unknown = rubricem(["users", "set-consent", "mallory", "no"], env)
+    assert unknown.returncode == 2 and unknown.stderr.strip() == "error: no user 'mallory'"
+    assert rubricem(["users", "remove", "mallory"], env).returncode == 2
+    assert rubricem(["users", "remove", "alice"], env).returncode == 0
+    assert rubricem(["users", "list"], env).stdout.split()[0] == "bob@example.org"
+
+
+def test_delete_data_removes_rows_and_bank_items_and_marks_versions(env: dict[str, str], tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with SessionLog(data / "rubricem.sqlite3") as log:
+        Users(log).add("dave", password="dave's password")
+        sid = log.create_session("dave's question QX-99?", PROMPT, {}, "base", owner="dave", source="chat")
+        log.finish(sid, "completed", report="r")
+        log.record_judgement(sid, "judge", {"stages": {}})
+        batch = log.record_reflection_batch(sid, [ReflectionCandidate(
+            index=0, text="<reflection_rubrics>r</reflection_rubrics><reflection_takeaways>t</reflection_takeaways>",
+            token_ids=(1,), policy_version="base", valid=True, u=0.9)], prompt=PROMPT, judge_model="offline",
+            temperature=0.7, max_tokens=8)
+        item = BankItem.new(question="dave's question QX-99?", rubrics="r", takeaways="t", score=0.9,
+                            judge_model="offline", policy_version="base", session_id=sid)
+        bank = RubricBank(StoreConfig(data_dir=data))
+        bank.put(item)
+        log.mark_reflection_accepted(batch, 0, item.id)
+        adapter = tmp_path / "adapter"
+        adapter.mkdir()
+        (adapter / "adapter_config.json").write_text("{}")
+        version = Registry(log).register(adapter, parent="base", data_window={"start": None, "end": log.now()})
+    del bank
+    refused = rubricem(["users", "delete-data", "dave"], env)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    done = rubricem(["users", "delete-data", "dave", "--yes"], env)
+    assert done.returncode == 0, done.stderr
+    assert "1 sessions" in done.stdout and "1 rubric-bank item(s) removed" in done.stdout
+    assert version.name in done.stdout and "QX-99" not in done.stdout
+    assert f"{version.name}" in rubricem(["versions"], env).stdout.split("trained on data deleted later")[0]
+    assert "dave" not in rubricem(["users", "list"], env).stdout
+    assert RubricBank(StoreConfig(data_dir=data)).count() == 0
+    again = rubricem(["users", "delete-data", "dave", "--yes"], env)
+    assert again.returncode == 2 and again.stderr.strip() == "error: no user 'dave'"

@@ -1,0 +1,150 @@
+"""Durable sessions (issue 21): a research process killed with SIGKILL inside the Research loop and inside a tool
+call is resumed from its checkpoint; the log then holds each turn exactly once, the token sequence is one
+contiguous valid sequence (the same as an uninterrupted run's), and the report completes. Bad resumes change
+nothing; a missing or corrupt checkpoint ends the session with the reason.
+
+Real parts: real processes (tests/app/resume_worker.py), the real service, SQLite session log and LangGraph SQLite
+checkpointer; the scripted policy gives exact outputs (its byte tokenizer makes "contiguous" checkable exactly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.approval import PlanDecision
+from agent.config import AgentConfig
+from app.durable import CHECKPOINT_FILE, DurableSessions, ResumeError
+from app.service import ResearchPaused, ResearchService, RunFailedError
+from store.config import StoreConfig
+from store.errors import SessionNotFound
+from store.session_log import SessionLog
+from store.session_log.checkpoints import SessionRuns
+from tests.app.resume_worker import OPTIONS, QUESTION, script
+from tests.fakes import byte_ids
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def worker(data: Path, mode: str, block: str | None = None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUBRICEM_")} | {"PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "tests.app.resume_worker", str(data), mode, *([block] if block else [])],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kill_when_blocked(proc: subprocess.Popen[str], marker: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        assert proc.poll() is None, f"the worker exited early: {proc.communicate()}"
+        assert time.monotonic() < deadline, "the worker never reached the blocking point"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    marker.unlink()
+
+
+def finish(proc: subprocess.Popen[str]) -> dict[str, str]:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def log_of(data: Path) -> SessionLog:
+    return SessionLog.from_config(StoreConfig(data_dir=data))
+
+
+@pytest.mark.slow
+def test_killed_in_research_and_in_a_tool_call_then_resumed_holds_each_turn_once(tmp_path: Path) -> None:
+    reference_dir, data = tmp_path / "reference", tmp_path / "killed"
+    reference_dir.mkdir(), data.mkdir()
+    reference = finish(worker(reference_dir, "start"))  # the same session, never interrupted
+
+    kill_when_blocked(worker(data, "start", "research"), data / "blocked")
+    with log_of(data) as log:
+        (sid,) = [s.session_id for s in log.list_sessions()]
+        cut = log.get(sid)
+        assert cut.status == "running"
+        # Killed while the model wrote its first query: the graph's forced `<call_tool ...>` opening is in the log
+        # but in no checkpoint (the research node never finished).
+        assert [t.kind for t in cut.trajectory.turns] == ["sampled", "forced"]
+        assert SessionRuns(log).get(sid).state == "active"  # type: ignore[union-attr]
+
+    kill_when_blocked(worker(data, "resume", "tool"), data / "blocked")  # the resumed run is killed in tool call 2
+    with log_of(data) as log:
+        cut = log.get(sid).trajectory
+        assert len(cut.tool_calls) == 1 and cut.turns[-1].text.endswith("</call_tool>")
+
+    result = finish(worker(data, "resume"))
+    assert result["session_id"] == sid
+    with log_of(data) as log, log_of(reference_dir) as ref_log:
+        rec = log.get(sid)
+        ref = ref_log.get(reference["session_id"])
+        assert rec.status == "completed" and rec.report == ref.report == result["report"] == reference["report"]
+        traj = rec.trajectory
+        # Each turn exactly once, in order: the same turns as the uninterrupted run's.
+        assert [(t.stage, t.kind, t.text) for t in traj.turns] == [
+            (t.stage, t.kind, t.text) for t in ref.trajectory.turns]
+        assert [c.query for c in traj.tool_calls] == [c.query for c in ref.trajectory.tool_calls]
+        assert len(traj.tool_calls) == 2
+        # One contiguous valid training sequence: the ids are exactly the byte tokens of the text, end to end.
+        text = "".join(t.text for t in traj.turns)
+        assert traj.token_ids == byte_ids(text) == ref.trajectory.token_ids
+        assert text.count("<structured_plan>") == 1 and text.count("<tool_output>") == 2
+        assert text.count('<call_tool name="local_search">Haymo of Faversham</call_tool>') == 1
+        assert SessionRuns(log).get(sid).state == "finished"  # type: ignore[union-attr]
+    # Pruned on session end: no checkpoint of the thread is left.
+    with sqlite3.connect(data / CHECKPOINT_FILE) as db:
+        assert db.execute("SELECT COUNT(*) FROM checkpoints WHERE thread_id = ?", (sid,)).fetchone() == (0,)
+
+
+def service(data: Path) -> tuple[ResearchService, SessionLog]:
+    store = StoreConfig(data_dir=data)
+    log = SessionLog.from_config(store)
+    policy, search = script(None, data / "blocked")
+    return ResearchService(policy, {"local_search": search}, log, AgentConfig(),
+                           durable=DurableSessions.for_store(log, store)), log
+
+
+def paused(data: Path) -> tuple[ResearchService, SessionLog, str]:
+    svc, log = service(data)
+    out = asyncio.run(svc.start(QUESTION, OPTIONS, approve_plan=True))
+    assert isinstance(out, ResearchPaused)
+    return svc, log, out.session_id
+
+
+def test_resuming_an_unknown_or_finished_session_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    svc, log = service(tmp_path)
+    with pytest.raises(SessionNotFound):
+        asyncio.run(svc.resume("no-such-session"))
+    done = asyncio.run(svc.run(QUESTION, OPTIONS))
+    before = log.get(done.session_id)
+    with pytest.raises(ResumeError, match="is completed: only an unfinished session can be resumed"):
+        asyncio.run(svc.resume(done.session_id))
+    assert log.get(done.session_id) == before
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_a_missing_or_corrupt_checkpoint_marks_the_session_interrupted(tmp_path: Path, damage: str) -> None:
+    svc, log, sid = paused(tmp_path)
+    with sqlite3.connect(tmp_path / CHECKPOINT_FILE) as db:
+        if damage == "missing":
+            db.execute("DELETE FROM checkpoints WHERE thread_id = ?", (sid,))
+            db.execute("DELETE FROM writes WHERE thread_id = ?", (sid,))
+        else:
+            db.execute("UPDATE checkpoints SET checkpoint = ? WHERE thread_id = ?", (b"\xc1not msgpack", sid))
+    with pytest.raises(RunFailedError) as err:
+        asyncio.run(svc.resume(sid, PlanDecision("accept")))
+    reason = {"missing": "no checkpoint for session", "corrupt": "the checkpoint could not be read"}[damage]
+    assert reason in str(err.value)
+    rec, run = log.get(sid), SessionRuns(log).get(sid)
+    assert rec.status == "failed" and reason in (rec.error or "")
+    assert run is not None and run.state == "interrupted" and reason in (run.reason or "")
