@@ -31,6 +31,7 @@ items out of the within-episode lookup.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import math
 import os
@@ -150,8 +151,12 @@ def withhold_question(item: BankItem) -> BankItem:
 
 def retention(item: BankItem, now: datetime, half_life_days: float) -> float:
     """Eviction priority: the score halved every `half_life_days` of age (higher is kept)."""
-    age_days = max(0.0, (now - _parse_time(item.created_at)).total_seconds() / 86400.0)
-    return item.score * 0.5 ** (age_days / half_life_days)
+    return _retention(item.score, item.created_at, now, half_life_days)
+
+
+def _retention(score: float, created_at: str, now: datetime, half_life_days: float) -> float:
+    age_days = max(0.0, (now - _parse_time(created_at)).total_seconds() / 86400.0)
+    return score * 0.5 ** (age_days / half_life_days)
 
 
 def _metadata(item: BankItem) -> dict[str, str | float]:
@@ -217,6 +222,7 @@ class RubricBank:
         self.config: BankConfig = config.bank
         self._clock = clock
         self._lock = threading.RLock()
+        self._retained: dict[str, tuple[float, str, str]] | None = None  # eviction's ranking data (see _evict)
         self._batch: int | None = None
         self._client = client if client is not None else open_chroma_client(config, BankError)
         self._collection = self._open_collection()
@@ -491,6 +497,7 @@ class RubricBank:
                 if olds:
                     self._collection.delete(ids=list(olds))
             self._index_update(remove=[(o.question_sha, o.id) for o in olds.values()])
+            self._retained_update(add=[item], remove=olds)
             evicted = self._evict()
         return PutResult(item, True, replaced=tuple(olds), evicted=evicted)
 
@@ -547,6 +554,7 @@ class RubricBank:
                     if drop:
                         self._collection.delete(ids=[o.id for o in drop])
                 self._index_update(remove=[(o.question_sha, o.id) for o in drop])
+                self._retained_update(add=write_items, remove=[o.id for o in drop])
                 stored += len(write_items)
                 replaced += len(drop)
                 if progress is not None:
@@ -566,6 +574,7 @@ class RubricBank:
             with chroma_errors("delete from the rubric bank", BankError):
                 self._collection.delete(ids=[item_id])
             self._index_update(remove=[(item.question_sha, item.id)])
+            self._retained_update(remove=[item_id])
 
     def delete_derived(self, session_ids: Sequence[str], item_ids: Sequence[str] = ()) -> int:
         """Remove the items reflected from these sessions (by their `session_id`, which also finds items imported
@@ -587,6 +596,7 @@ class RubricBank:
                 for chunk in _chunks(sorted(found), self._max_batch()):
                     self._collection.delete(ids=chunk)
             self._index_update(remove=[(sha, i) for i, sha in found.items()])
+            self._retained_update(remove=found)
         return len(found)
 
     def clear(self) -> int:
@@ -597,6 +607,7 @@ class RubricBank:
                 for chunk in _chunks([i for i, _ in pairs], self._max_batch()):
                     self._collection.delete(ids=chunk)
             self._index_update(remove=[(sha, i) for i, sha in pairs])
+            self._retained_update(remove=[i for i, _ in pairs])
         return len(pairs)
 
     def dedupe(self) -> list[str]:
@@ -622,6 +633,7 @@ class RubricBank:
                 for chunk in _chunks([ids[r] for r in removed], self._max_batch()):
                     self._collection.delete(ids=chunk)
             self._index_update(remove=[(shas[r], ids[r]) for r in removed])
+            self._retained_update(remove=[ids[r] for r in removed])
         return [ids[r] for r in removed]
 
     def _all_vectors(self) -> tuple[list[str], list[str], list[float], list[list[float]]]:
@@ -646,18 +658,60 @@ class RubricBank:
             offset += len(got["ids"])
 
     def _evict(self) -> tuple[str, ...]:
-        """Drop the lowest-retention items beyond capacity (caller holds the lock)."""
-        excess = self.count() - self.config.capacity
+        """Drop the lowest-retention items beyond capacity (caller holds the lock).
+
+        Ranking needs each item's score, creation time and question hash, not its text: they are kept in memory
+        (`_retained`, built by one metadata scan at the first eviction, then kept up to date by this instance's
+        writes), so a write to a full bank ranks in memory instead of reading all 100k items back (about 10 s).
+        Another process's writes change the count or remove a victim: either rebuilds the ranking first.
+        """
+        n = self.count()
+        excess = n - self.config.capacity
         if excess <= 0:
             return ()
-        now = self._clock()
-        ranked = sorted(self.items(), key=lambda it: (retention(it, now, self.config.half_life_days), it.created_at))
-        victims = ranked[:excess]
+        for attempt in range(2):
+            if self._retained is None or len(self._retained) != n or attempt:
+                self._retained = dict(self._scan_retained())
+            now = self._clock()
+            half_life = self.config.half_life_days
+            victims = heapq.nsmallest(excess, self._retained.items(), key=lambda kv: (
+                _retention(kv[1][0], kv[1][1], now, half_life), _parse_time(kv[1][1])))
+            ids = [i for i, _ in victims]
+            with chroma_errors("read the rubric bank", BankError):
+                present = set(self._collection.get(ids=ids, include=[])["ids"])
+            if len(present) == len(ids):
+                break
         with chroma_errors("evict from the rubric bank", BankError):
-            for chunk in _chunks([it.id for it in victims], self._max_batch()):
+            for chunk in _chunks(ids, self._max_batch()):
                 self._collection.delete(ids=chunk)
-        self._index_update(remove=[(it.question_sha, it.id) for it in victims])
-        return tuple(it.id for it in victims)
+        self._index_update(remove=[(meta[2], i) for i, meta in victims])
+        for i in ids:
+            self._retained.pop(i, None)
+        return tuple(ids)
+
+    def _scan_retained(self) -> Iterator[tuple[str, tuple[float, str, str]]]:
+        """(id, (score, created_at, question hash)) of every item: what eviction ranks by, read in pages."""
+        offset, page = 0, min(self._max_batch(), 5000)
+        while True:
+            with chroma_errors("read the rubric bank", BankError):
+                got = self._collection.get(limit=page, offset=offset, include=["metadatas"])
+            if not got["ids"]:
+                return
+            for item_id, meta in zip(got["ids"], got["metadatas"] or [], strict=True):
+                m = meta or {}
+                yield item_id, (float(m.get("score", 0.0)), str(m.get("created_at", "")),  # type: ignore[arg-type]
+                                str(m.get("question_sha", "")))
+            offset += len(got["ids"])
+
+    def _retained_update(self, add: Iterable[BankItem] = (), remove: Iterable[str] = ()) -> None:
+        """Keep the in-memory eviction ranking in step with this instance's writes (nothing to do before the first
+        eviction built it)."""
+        if self._retained is None:
+            return
+        for i in remove:
+            self._retained.pop(i, None)
+        for it in add:
+            self._retained[it.id] = (it.score, it.created_at, it.question_sha)
 
     def _max_batch(self) -> int:
         if self._batch is None:

@@ -76,6 +76,32 @@ def percentiles(samples: list[float]) -> dict[str, float]:
             "mean_ms": round(statistics.fmean(ms), 2), "n": len(ms)}
 
 
+def time_writes(bank: RubricBank, n: int, baseline: bool) -> dict[str, object]:
+    """`put` into a full bank: the first write's eviction scans the bank's metadata once, later ones rank in memory.
+    The baseline is the ranking the eviction did before: every item read back (`items()`) and sorted."""
+    from store.rubric_bank import retention
+
+    rng = np.random.default_rng(2)
+    samples, evicted = [], 0
+    for i in range(n):
+        it = BankItem.new(question=f"A written question {i}: which archive holds the charter?", rubrics="r",
+                          takeaways="t", score=float(rng.uniform(0.2, 1.0)), judge_model="bench",
+                          policy_version="policy@0", session_id=f"w-{i}")
+        vec = rng.normal(size=384).astype(np.float32)
+        t0 = time.perf_counter()
+        res = bank.put(it, embedding=vec / np.linalg.norm(vec))
+        samples.append(time.perf_counter() - t0)
+        evicted += len(res.evicted)
+    out: dict[str, object] = {"first_write_seconds": round(samples[0], 3), "evicted": evicted,
+                              "later_writes": percentiles(samples[1:]) if n > 1 else {}}
+    if baseline:
+        now = datetime.now(UTC)
+        t0 = time.perf_counter()
+        sorted(bank.items(), key=lambda x: (retention(x, now, bank.config.half_life_days), x.created_at))
+        out["baseline_ranking_seconds"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
 def main() -> None:
     """Fill, time, report."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -84,6 +110,9 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, help="data folder (default: a fresh temporary one); reused if it is filled")
     ap.add_argument("--out", type=Path, help="also write the numbers as JSON")
     ap.add_argument("--baseline", action="store_true", help="also time the previous retrieval path, interleaved")
+    ap.add_argument("--writes", type=int, default=0,
+                    help="after the queries, time this many `put`s into the full bank (each evicts one item); with "
+                         "--baseline also the previous eviction ranking (every item read back and sorted)")
     args = ap.parse_args()
 
     data = args.dir or Path(tempfile.mkdtemp(prefix="bank-bench-"))
@@ -152,6 +181,8 @@ def main() -> None:
     if args.baseline:
         result["baseline"] = figures("old")
         result["retrievals_that_differ"] = int(differ)
+    if args.writes:
+        result["writes_at_capacity"] = time_writes(bank, args.writes, args.baseline)
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))

@@ -111,6 +111,28 @@ def test_capacity_evicts_the_lowest_score_discounted_by_age(tmp_path: Path) -> N
     assert result.evicted == (fresh_weak.id,)
 
 
+def test_eviction_ranks_every_item_even_when_another_writer_changed_the_bank(tmp_path: Path) -> None:
+    """Eviction ranks from memory after its first scan; writes by another process (here a second instance on the
+    same store) are still ranked: a changed count, or a chosen victim that is already gone, rebuilds the ranking."""
+    a = make_bank(tmp_path, capacity=3)
+    b = make_bank(tmp_path, capacity=3)
+    q = ["Who wrote the novel Dracula?", "Which author wrote Frankenstein?", "What is the capital city of France?",
+         "Who painted the Mona Lisa?", "Who discovered penicillin?", "Which river flows through Cairo?",
+         "Who composed the Moonlight Sonata?"]
+    s90, s50, s70, s80 = item(q[0], 0.9), item(q[1], 0.5), item(q[2], 0.7), item(q[3], 0.8)
+    for it in (s90, s50, s70):
+        assert a.put(it).evicted == ()
+    assert a.put(s80).evicted == (s50.id,)  # a's first eviction: scans once
+    s10 = item(q[4], 0.1)
+    assert b.put(s10).evicted == (s10.id,)  # b scans too: the new item is the weakest
+    s95 = item(q[5], 0.95)
+    assert b.put(s95).evicted == (s70.id,)  # a still counts 3 items, one of them (0.7) gone, 0.95 unseen
+    s75 = item(q[6], 0.75)
+    # a's memory would pick 0.7 (already gone): it finds it missing, rescans, and evicts the true weakest, 0.75.
+    assert a.put(s75).evicted == (s75.id,)
+    assert {i.id for i in a.items()} == {s90.id, s80.id, s95.id}
+
+
 def test_export_then_import_round_trips_and_a_bad_line_writes_nothing(tmp_path: Path, bank: RubricBank) -> None:
     items = [item(q, s, days_old=d) for q, s, d in [("Who wrote the novel Dracula?", 0.5, 3),
                                                      ("Who painted the Mona Lisa?", 0.8, 1)]]
