@@ -27,7 +27,7 @@ USER_RUBRIC_TITLE_PREFIX = "User's plan rubric: "
 USER_RUBRIC_WEIGHT = 2
 
 
-def user_rubrics(items: Sequence[str], owner: str) -> tuple[Rubric, ...]:
+def user_rubrics(items: Sequence[str]) -> tuple[Rubric, ...]:
     """One Answer-stage rubric per distinct approved item, in the user's order."""
     seen: set[str] = set()
     out: list[Rubric] = []
@@ -41,7 +41,9 @@ def user_rubrics(items: Sequence[str], owner: str) -> tuple[Rubric, ...]:
             id=rubric_id("answer", "user plan rubric " + key, persistent=True),
             stage="answer",
             title=USER_RUBRIC_TITLE_PREFIX + text,
-            description=(f'The user ({owner}) who asked this question approved this checklist item for the answer: '
+            # Never the owner's id: judge prompts may go to an external API, and persistent rubrics outlive the
+            # session in the question's buffer. The owner stays with the approval record (plan_approvals).
+            description=(f'The user who asked this question approved this checklist item for the answer: '
                          f'"{text}". The answer satisfies this rubric when it covers that item.'),
             weight=USER_RUBRIC_WEIGHT,
             polarity="positive",
@@ -51,8 +53,8 @@ def user_rubrics(items: Sequence[str], owner: str) -> tuple[Rubric, ...]:
 
 
 def session_user_rubrics(log: SessionLog, session_id: str) -> tuple[Rubric, ...]:
-    """The user rubrics of one session: those of an edited plan, with their owner; none otherwise."""
+    """The user rubrics of one session: those of an edited plan; none otherwise."""
     approval = SessionRuns(log).approval(session_id)
     if approval is None or approval.action != "edit":
         return ()
-    return user_rubrics(approval.user_rubrics, approval.owner)
+    return user_rubrics(approval.user_rubrics)
