@@ -151,12 +151,8 @@ def withhold_question(item: BankItem) -> BankItem:
 
 def retention(item: BankItem, now: datetime, half_life_days: float) -> float:
     """Eviction priority: the score halved every `half_life_days` of age (higher is kept)."""
-    return _retention(item.score, item.created_at, now, half_life_days)
-
-
-def _retention(score: float, created_at: str, now: datetime, half_life_days: float) -> float:
-    age_days = max(0.0, (now - _parse_time(created_at)).total_seconds() / 86400.0)
-    return score * 0.5 ** (age_days / half_life_days)
+    age_days = max(0.0, (now - _parse_time(item.created_at)).total_seconds() / 86400.0)
+    return item.score * 0.5 ** (age_days / half_life_days)
 
 
 def _metadata(item: BankItem) -> dict[str, str | float]:
@@ -222,7 +218,7 @@ class RubricBank:
         self.config: BankConfig = config.bank
         self._clock = clock
         self._lock = threading.RLock()
-        self._retained: dict[str, tuple[float, str, str]] | None = None  # eviction's ranking data (see _evict)
+        self._retained: dict[str, tuple[float, float, str]] | None = None  # eviction's ranking data (see _evict)
         self._batch: int | None = None
         self._client = client if client is not None else open_chroma_client(config, BankError)
         self._collection = self._open_collection()
@@ -672,10 +668,11 @@ class RubricBank:
         for attempt in range(2):
             if self._retained is None or len(self._retained) != n or attempt:
                 self._retained = dict(self._scan_retained())
-            now = self._clock()
-            half_life = self.config.half_life_days
+            now_ts = self._clock().timestamp()
+            per_half_life = self.config.half_life_days * 86400.0
+            # retention() on cached numbers: score * 0.5 ** (age / half-life), ties to the older item.
             victims = heapq.nsmallest(excess, self._retained.items(), key=lambda kv: (
-                _retention(kv[1][0], kv[1][1], now, half_life), _parse_time(kv[1][1])))
+                kv[1][0] * 0.5 ** (max(0.0, now_ts - kv[1][1]) / per_half_life), kv[1][1]))
             ids = [i for i, _ in victims]
             with chroma_errors("read the rubric bank", BankError):
                 present = set(self._collection.get(ids=ids, include=[])["ids"])
@@ -689,8 +686,9 @@ class RubricBank:
             self._retained.pop(i, None)
         return tuple(ids)
 
-    def _scan_retained(self) -> Iterator[tuple[str, tuple[float, str, str]]]:
-        """(id, (score, created_at, question hash)) of every item: what eviction ranks by, read in pages."""
+    def _scan_retained(self) -> Iterator[tuple[str, tuple[float, float, str]]]:
+        """(id, (score, creation time as a POSIX timestamp, question hash)) of every item: what eviction ranks by,
+        read in pages."""
         offset, page = 0, min(self._max_batch(), 5000)
         while True:
             with chroma_errors("read the rubric bank", BankError):
@@ -699,8 +697,8 @@ class RubricBank:
                 return
             for item_id, meta in zip(got["ids"], got["metadatas"] or [], strict=True):
                 m = meta or {}
-                yield item_id, (float(m.get("score", 0.0)), str(m.get("created_at", "")),  # type: ignore[arg-type]
-                                str(m.get("question_sha", "")))
+                yield item_id, (float(m.get("score", 0.0)),  # type: ignore[arg-type]
+                                _parse_time(str(m.get("created_at", ""))).timestamp(), str(m.get("question_sha", "")))
             offset += len(got["ids"])
 
     def _retained_update(self, add: Iterable[BankItem] = (), remove: Iterable[str] = ()) -> None:
@@ -711,7 +709,7 @@ class RubricBank:
         for i in remove:
             self._retained.pop(i, None)
         for it in add:
-            self._retained[it.id] = (it.score, it.created_at, it.question_sha)
+            self._retained[it.id] = (it.score, _parse_time(it.created_at).timestamp(), it.question_sha)
 
     def _max_batch(self) -> int:
         if self._batch is None:
