@@ -81,6 +81,11 @@ class StoreBusy(StorageError):
     """Another connection held the write lock for longer than busy_timeout."""
 
 
+class ConnectionLost(StorageError):
+    """The connection to the PostgreSQL store broke during a transaction (server restart, network, an administrator
+    ending the session): that transaction rolled back; a fresh connection may succeed."""
+
+
 class StoreUnreachable(StorageError):
     """The PostgreSQL store cannot be reached or refuses the connection (server down, wrong password, no such
     database); raised when the store is opened, before anything is written."""

@@ -24,7 +24,15 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import SecretStr
 
 from store.db.dialect import Backend, PostgresConnection, RawText, advisory_key, from_postgres_text, postgres_text
-from store.errors import InvalidInput, LockHeld, StorageError, StoreBusy, StoreClosed, StoreUnreachable
+from store.errors import (
+    ConnectionLost,
+    InvalidInput,
+    LockHeld,
+    StorageError,
+    StoreBusy,
+    StoreClosed,
+    StoreUnreachable,
+)
 from store.migrations import apply_migrations
 
 _SCHEMES = ("postgresql://", "postgres://")
@@ -136,6 +144,8 @@ def _mapped_errors(redact: Callable[[str], str]) -> Iterator[None]:
         raise StoreBusy(redact(f"the store stayed locked past busy_timeout: {exc}")) from exc
     except (psycopg.IntegrityError, psycopg.DataError) as exc:
         raise InvalidInput(redact(f"the database rejected the value: {exc}")) from exc
+    except psycopg.OperationalError as exc:  # after the lock errors above, which are operational too
+        raise ConnectionLost(redact(f"the connection to PostgreSQL broke: {exc}")) from exc
     except psycopg.Error as exc:
         raise StorageError(redact(f"PostgreSQL error: {exc}")) from exc
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal, get_args
 
-from store.errors import DuplicateSession, InvalidInput, SessionNotFound
+from store.errors import ConnectionLost, DuplicateSession, InvalidInput, SessionNotFound
 from store.records import (
     STAGES,
     UNLEARNED_SOURCES,
@@ -223,7 +223,23 @@ class SessionsMixin(SessionLogBase):
         """
         row = _turn_row(turn)  # validate and encode before taking the lock
         now = self._now()
+        try:
+            return self._append_turn(session_id, row, now, retry=False)
+        except ConnectionLost:
+            # A lost connection rolled the transaction back, or broke after COMMIT reached the server: the retry, on
+            # a fresh connection, first looks for this very turn (same time and content) so it is never doubled.
+            # A second failure propagates and the run fails (its session is marked failed where the store allows).
+            return self._append_turn(session_id, row, now, retry=True)
+
+    def _append_turn(self, session_id: str, row: _TurnRow, now: str, *, retry: bool) -> int:
         with self._transaction("IMMEDIATE") as conn:
+            if retry:
+                last = conn.execute(
+                    "SELECT idx, created_at, text, token_ids FROM turns WHERE session_id = ? ORDER BY idx DESC LIMIT 1",
+                    (session_id,)).fetchone()
+                if last is not None and last[1] == now and last[2] == row.text and bytes(last[3]) == bytes(
+                        row.token_ids):
+                    return int(last[0])
             self._require_running(conn, session_id, "append a turn")
             idx = int(conn.execute(
                 "SELECT COALESCE(MAX(idx) + 1, 0) FROM turns WHERE session_id = ?", (session_id,)

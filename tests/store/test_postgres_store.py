@@ -128,6 +128,39 @@ def test_close_ends_the_logs_server_sessions(postgres_server: PostgresServer, po
     assert sessions() == 0
 
 
+def test_a_turn_whose_connection_breaks_is_retried_once_and_stored_once(postgres_url: str) -> None:
+    """The server ends the log's connection in the middle of a turn's transaction (a trigger on `turns` terminates
+    its own backend on the first insert only, as a restart or a network cut would): that transaction rolls back,
+    the turn is retried once on a fresh connection and stored exactly once, right after the turns before it. A
+    connection that dies again on the retry fails the write with `ConnectionLost`, nothing half-written."""
+    from store.errors import ConnectionLost
+    from store.records import Turn
+
+    log = SessionLog(database_url=postgres_url)
+    sid = log.create_session("q?", PromptRecord("p", (1,), "h"), {}, "base")
+    log.append_turn(sid, Turn(stage="plan", kind="sampled", text="<think>plan</think>", token_ids=(3, 4)))
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute("CREATE SEQUENCE fault_seq")
+        admin.execute("CREATE TABLE fault_plan (kill_at BIGINT[])")
+        admin.execute("INSERT INTO fault_plan VALUES (ARRAY[1])")
+        admin.execute(
+            "CREATE FUNCTION die_on_plan() RETURNS trigger AS $$ BEGIN "
+            "IF nextval('fault_seq') = ANY ((SELECT kill_at FROM fault_plan LIMIT 1)::BIGINT[]) THEN "
+            "PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN NEW; END $$ LANGUAGE plpgsql")
+        admin.execute("CREATE TRIGGER die_on_plan BEFORE INSERT ON turns FOR EACH ROW EXECUTE FUNCTION die_on_plan()")
+    idx = log.append_turn(sid, Turn(stage="research", kind="sampled", text="<call_tool>q</call_tool>",
+                                    token_ids=(5, 6, 7)))
+    assert idx == 1
+    assert [t.text for t in log.get(sid).trajectory.turns] == ["<think>plan</think>", "<call_tool>q</call_tool>"]
+
+    with psycopg.connect(postgres_url, autocommit=True) as admin:  # the next turn: both attempts break
+        admin.execute("UPDATE fault_plan SET kill_at = ARRAY[3, 4]")
+    with pytest.raises(ConnectionLost):
+        log.append_turn(sid, Turn(stage="research", kind="sampled", text="lost", token_ids=(8,)))
+    assert [t.text for t in log.get(sid).trajectory.turns] == ["<think>plan</think>", "<call_tool>q</call_tool>"]
+    log.close()
+
+
 _HOLDER = """
     import os, sys, time
     from store.db import advisory_lock
