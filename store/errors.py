@@ -11,6 +11,7 @@
     ├── StorageError           the database failed: unreadable or corrupt SQLite file, disk full, I/O error, a
     │   │                      PostgreSQL error or lost connection
     │   ├── StoreBusy          the database stayed locked by another writer past busy_timeout
+    │   ├── ConnectionLost     a PostgreSQL connection broke inside a transaction (rolled back; a turn is retried once)
     │   └── StoreUnreachable   the PostgreSQL server cannot be reached, refuses the login or has no such database
     ├── LockHeld               a named lock (the retraining cycle's) is held by another session
     └── StoreClosed            the store was used after close()
