@@ -257,8 +257,8 @@ class RubricBank:
             index.modify(metadata={**meta, _INDEX_COMPLETE: "yes"})
         return index
 
-    def _scan_shas(self) -> Iterator[tuple[str, str]]:
-        """(item id, question hash) of every item, read in pages."""
+    def _scan_metadata(self) -> Iterator[tuple[str, Mapping[str, Any]]]:
+        """(item id, metadata) of every item, read in pages (no documents, no vectors)."""
         offset, page = 0, min(self._max_batch(), 5000)
         while True:
             with chroma_errors("read the rubric bank", BankError):
@@ -266,8 +266,12 @@ class RubricBank:
             if not got["ids"]:
                 return
             for item_id, meta in zip(got["ids"], got["metadatas"] or [], strict=True):
-                yield item_id, str((meta or {}).get("question_sha", ""))
+                yield item_id, meta or {}
             offset += len(got["ids"])
+
+    def _scan_shas(self) -> Iterator[tuple[str, str]]:
+        """(item id, question hash) of every item."""
+        return ((i, str(m.get("question_sha", ""))) for i, m in self._scan_metadata())
 
     def _index_read(self, shas: Iterable[str]) -> dict[str, set[str]]:
         """The indexed item ids per question hash (hashes without items are absent)."""
@@ -403,15 +407,15 @@ class RubricBank:
             with chroma_errors("count the rubric bank", BankError):
                 return self._collection.count()
 
-        while True:
-            def query(n: int = depth) -> Any:
-                with chroma_errors("search the rubric bank", BankError):
-                    return self._collection.query(
-                        query_embeddings=[vec],  # type: ignore[arg-type]
-                        n_results=n,
-                        include=["documents", "metadatas", "distances"],
-                    )
+        def query() -> Any:
+            with chroma_errors("search the rubric bank", BankError):
+                return self._collection.query(
+                    query_embeddings=[vec],  # type: ignore[arg-type]
+                    n_results=depth,
+                    include=["documents", "metadatas", "distances"],
+                )
 
+        while True:
             # A Chroma server answers a query on vectors not yet on disk with NOT_ON_DISK: an empty bank has no
             # hits, a writer's first add in flight is waited for (store.chroma.read_unless_empty).
             res = read_unless_empty(query, count, None)
@@ -689,17 +693,9 @@ class RubricBank:
     def _scan_retained(self) -> Iterator[tuple[str, tuple[float, float, str]]]:
         """(id, (score, creation time as a POSIX timestamp, question hash)) of every item: what eviction ranks by,
         read in pages."""
-        offset, page = 0, min(self._max_batch(), 5000)
-        while True:
-            with chroma_errors("read the rubric bank", BankError):
-                got = self._collection.get(limit=page, offset=offset, include=["metadatas"])
-            if not got["ids"]:
-                return
-            for item_id, meta in zip(got["ids"], got["metadatas"] or [], strict=True):
-                m = meta or {}
-                yield item_id, (float(m.get("score", 0.0)),  # type: ignore[arg-type]
-                                _parse_time(str(m.get("created_at", ""))).timestamp(), str(m.get("question_sha", "")))
-            offset += len(got["ids"])
+        for item_id, m in self._scan_metadata():
+            yield item_id, (float(m.get("score", 0.0)),  # type: ignore[arg-type]
+                            _parse_time(str(m.get("created_at", ""))).timestamp(), str(m.get("question_sha", "")))
 
     def _retained_update(self, add: Iterable[BankItem] = (), remove: Iterable[str] = ()) -> None:
         """Keep the in-memory eviction ranking in step with this instance's writes (nothing to do before the first

@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +230,7 @@ def run_kill(backend: Backend, work: Path) -> dict[str, Any]:
     mine = [s for s in log.list_sessions(limit=100000) if s.session_id not in before]
     second = [s for s in mine if s.session_id != first]
     status_after_kill = {s.session_id: s.status for s in mine}
-    swept = log.mark_stale_running_failed(older_than=__import__("datetime").timedelta(0))
+    swept = log.mark_stale_running_failed(older_than=timedelta(0))
     rec = log.get(first)
     return {
         "killed_session_status": [status_after_kill[s.session_id] for s in second],
@@ -244,8 +245,6 @@ def bulk_copy(log: SessionLog, target: int, turns_each: int = 2) -> int:
     """Grow the log to `target` sessions by copying a real finished session under new ids, one second apart in time,
     with its first `turns_each` turns (a full copy of every turn would take gigabytes at 100k sessions; the queries
     measured read the sessions table and count turns through the turns table's key)."""
-    from datetime import UTC, datetime, timedelta
-
     with log.transaction(write=False) as conn:
         cur = conn.execute("SELECT * FROM sessions WHERE status = 'completed' LIMIT 1")
         keep = [i for i, d in enumerate(cur.description) if d[0] != "rowid"]  # PostgreSQL's identity column
