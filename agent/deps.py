@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from agent.config import RunOptions
 from agent.protocols import PolicyClient, SearchTool
 from agent.tools.ids import CallIdFactory
-from store.records import ToolCallRecord, Turn
+from store.records import PromptRecord, ToolCallRecord, Turn
 
 
 class RunRecorder(Protocol):
@@ -28,6 +28,10 @@ class RunRecorder(Protocol):
         """A progress event for the UI/CLI (stage started, search issued, ...)."""
         ...
 
+    def prompt(self, prompt: PromptRecord) -> None:
+        """The prompt changed before any turn (a clarification answer joined the user message; issue 21)."""
+        ...
+
 
 class NullRecorder:
     """A recorder that keeps nothing (runs whose turns are only needed in the returned trajectory)."""
@@ -39,6 +43,9 @@ class NullRecorder:
         pass
 
     def event(self, kind: str, data: Mapping[str, Any]) -> None:
+        pass
+
+    def prompt(self, prompt: PromptRecord) -> None:
         pass
 
 

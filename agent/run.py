@@ -26,6 +26,7 @@ class RunResult:
 
     trajectory: Trajectory
     report: Report
+    clarification: dict[str, Any] | None = None  # what the clarify node decided and the user answered, if it ran
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,7 @@ class PausedRun:
 
     plan: PlanForApproval
     trajectory: Trajectory  # the turns so far
+    question: str | None = None  # set when the run paused before its plan to ask the user (clarification)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +98,18 @@ async def render_prompt(question: str, deps: AgentDeps, references: Retrieval | 
 
 
 def _recursion_limit(deps: AgentDeps) -> int:
-    # Each research turn + tool call is two steps; plan, approval, review and answer and a margin come on top.
+    # Each research turn + tool call is two steps; clarification, plan, approval, review and answer and a margin come
+    # on top.
     return 2 * deps.options.max_tool_calls + 12
 
 
 def _trajectory(session_id: str, question: str, prompt: PromptRecord, state: Mapping[str, Any],
                 injected_bank_items: tuple[str, ...]) -> Trajectory:
+    clarified = (state.get("clarification") or {}).get("prompt_sha")
+    current = state.get("prompt")
+    if clarified and isinstance(current, PromptContext) and current.text != prompt.text:
+        # A clarification answer joined the user message: the turns continue the clarified prompt.
+        prompt = PromptRecord(text=current.text, token_ids=tuple(current.token_ids), prompt_sha=str(clarified))
     return Trajectory(
         session_id=session_id,
         question=question,
@@ -114,12 +122,24 @@ def _trajectory(session_id: str, question: str, prompt: PromptRecord, state: Map
     )
 
 
-def initial_state(prompt: PromptRecord, approve_plan: bool | None = None) -> dict[str, Any]:
-    """The graph's input for a new run (a durable run keeps whether it asks for approval, for its resume)."""
+def initial_state(prompt: PromptRecord, approve_plan: bool | None = None,
+                  clarify_context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The graph's input for a new run (a durable run keeps whether it asks for approval, for its resume; with a
+    `clarify_context` it asks whether to clarify the request first)."""
     state: dict[str, Any] = {"prompt": PromptContext(prompt.text, prompt.token_ids), "turns": [], "tool_calls": []}
     if approve_plan is not None:
         state["approve_plan"] = approve_plan
+    if clarify_context is not None:
+        state["clarify"] = True
+        state["clarify_context"] = dict(clarify_context)
     return state
+
+
+def clarify_context(question: str, deps: AgentDeps, references: Retrieval | None = None) -> dict[str, Any]:
+    """What the clarify nodes need to re-render the prompt with the user's answer: the request, the run's messages
+    (as plain data, for the checkpoint) and the prompt hash it started with. Call after `render_prompt`."""
+    messages = [{"role": m.role, "content": m.content} for m in build_messages(question, deps, references)]
+    return {"request": question, "messages": messages, "prompt_sha": deps.prompt_sha}
 
 
 async def execute(
@@ -146,22 +166,28 @@ async def execute_durable(
     start: bool,
     resume_value: Mapping[str, Any] | None = None,
     injected_bank_items: tuple[str, ...] = (),
+    clarify_with: Mapping[str, Any] | None = None,
 ) -> RunResult | PausedRun | RejectedRun:
     """Run (start=True) or continue (from the thread's last checkpoint) a run whose every step is checkpointed.
 
-    `resume_value` answers a paused plan (`agent.approval.PlanDecision.to_dict`); without it a continued run goes
-    on from where it was cut off (or pauses again, if it was waiting for approval).
+    `resume_value` answers a paused plan (`agent.approval.PlanDecision.to_dict`) or a clarifying question
+    (`agent.clarify.ClarificationAnswer.to_dict`); without it a continued run goes on from where it was cut off (or
+    pauses again, if it was waiting for an answer). `clarify_with` (a new run only: `clarify_context`) makes the
+    run decide whether to ask the user one question before its plan.
     """
     if not deps.started_at:
         deps.started_at = deps.clock()
-    graph_input: Any = initial_state(prompt, deps.approve_plan) if start else (
+    graph_input: Any = initial_state(prompt, deps.approve_plan, clarify_with) if start else (
         Command(resume=dict(resume_value)) if resume_value is not None else None)
     config = {"configurable": {"thread_id": thread_id}, "recursion_limit": _recursion_limit(deps)}
     final = await build_graph(checkpointer).ainvoke(graph_input, config=config, context=deps)
     traj = _trajectory(session_id, question, prompt, final, injected_bank_items)
     interrupts = final.get("__interrupt__") or ()
     if interrupts:
-        return PausedRun(PlanForApproval.from_dict(interrupts[0].value), traj)
+        value = interrupts[0].value
+        if isinstance(value, Mapping) and value.get("kind") == "clarification":
+            return PausedRun(PlanForApproval.from_dict({}), traj, question=str(value.get("question", "")))
+        return PausedRun(PlanForApproval.from_dict(value), traj)
     if (final.get("approval") or {}).get("action") == "reject":
         return RejectedRun(traj)
-    return RunResult(traj, build_report(traj))
+    return RunResult(traj, build_report(traj), final.get("clarification"))

@@ -24,3 +24,6 @@ class ResearchState(TypedDict, total=False):
     malformed_stages: list[str]
     approve_plan: bool  # durable runs only: whether the plan pauses for approval (read back on resume)
     approval: dict[str, object] | None  # the user's answer to the paused plan (agent.approval.PlanDecision)
+    clarify: bool  # durable runs only: whether the clarify node runs before Plan (read back on resume)
+    clarify_context: dict[str, object]  # what a clarification needs: the request, the messages and their prompt hash
+    clarification: dict[str, object] | None  # the decision and the user's answer (agent.nodes.clarify)

@@ -60,12 +60,13 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     async def go() -> Any:
         try:
-            if args.approve_plan:  # pause after the plan and ask (issue 21; app/cli_resume.py)
-                svc = services.research
-                return await cli_resume.drive(
-                    svc.start(question, options, on_event=progress.event, source="cli", approve_plan=True),
-                    lambda sid, d: svc.resume(sid, d, on_event=progress.event))
-            return await services.research.run(question, options, on_event=progress.event, source="cli")
+            # A clarifying question before the plan (--clarify, else sessions.clarify) and the plan's approval
+            # (--approve-plan) are asked here, in the terminal (issue 21; app/cli_resume.py).
+            svc = services.research
+            return await cli_resume.drive(
+                svc.start(question, options, on_event=progress.event, source="cli", approve_plan=args.approve_plan,
+                          clarify=args.clarify),
+                lambda sid, d: svc.resume(sid, d, on_event=progress.event))
         finally:
             await services.policy.aclose()
 
@@ -282,6 +283,10 @@ def parser() -> argparse.ArgumentParser:
                      "RUBRICEM_AGENT__EMBEDDED_SFT=false)")
     ask.add_argument("--approve-plan", action="store_true", dest="approve_plan",
                      help="pause after the plan to accept, edit or reject it (interactive)")
+    ask.add_argument("--clarify", action=argparse.BooleanOptionalAction, default=None,
+                     help="before planning, let the policy ask one question if the request is ambiguous (answered "
+                     "here; empty = go on without). Default: RUBRICEM_SESSIONS__CLARIFY (auto: on for endpoint "
+                     "policies, off for the embedded model)")
     ask.set_defaults(func=cmd_ask)
     ing = sub.add_parser("ingest", help="add files (txt, md, html, pdf, jsonl) or a folder to the local index")
     ing.add_argument("path")

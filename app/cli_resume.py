@@ -1,8 +1,11 @@
-"""`rubricem resume SESSION`, `rubricem ask --approve-plan` and `rubricem sessions export --edited-plans` (issue 21).
+"""`rubricem resume SESSION`, `rubricem ask --approve-plan / --clarify` and `rubricem sessions export
+--edited-plans` (issue 21).
 
 A resume checks the session before loading the model: an unknown, finished or non-durable session is bad input
-(exit 2, nothing changed). A paused plan is answered with `--accept`, `--reject` or `--rubric ... [--note ...]`,
-or interactively; an answer that cannot be applied is refused with a message and the session stays paused.
+(exit 2, nothing changed); a pause past its expiry ends the session there (exit 1), so it can never be answered. A
+paused plan is answered with `--accept`, `--reject` or `--rubric ... [--note ...]`, a clarifying question with
+`--answer TEXT` (empty: go on without clarification), or either interactively; an answer that cannot be applied is
+refused with a message and the session stays paused.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.approval import ApprovalError, PlanDecision, PlanForApproval
+from agent.clarify import ClarificationAnswer, ClarificationError
 from app.cli_common import Progress
 from app.settings import Settings
 
@@ -67,10 +71,29 @@ def ask_decision(plan: PlanForApproval, ask: Ask = ask_stderr, out: Any = sys.st
             print(f"not applied: {exc}; the plan still waits", file=out)
 
 
-def decision_from_args(args: argparse.Namespace) -> PlanDecision | None:
-    """The answer given on the command line, checked (ApprovalError), or None."""
-    if args.accept + args.reject + bool(args.rubric) > 1:
-        raise ApprovalError("give one of --accept, --reject or --rubric")
+def show_question(question: str, expires_at: str, out: Any = sys.stderr) -> None:
+    """The clarifying question, as the user reads it before the plan."""
+    print("\n=== before planning, one question" + (f" (answer until {expires_at})" if expires_at else "") + " ===",
+          file=out)
+    print(f"  {question}", file=out)
+
+
+def ask_clarification(ask: Ask = ask_stderr, out: Any = sys.stderr) -> ClarificationAnswer:
+    """Ask until the answer can be applied; an empty answer goes on without clarification."""
+    while True:
+        try:
+            return ClarificationAnswer.parse(ask("your answer (empty to go on without): "))
+        except ClarificationError as exc:
+            print(f"not applied: {exc}; the question still waits", file=out)
+
+
+def decision_from_args(args: argparse.Namespace) -> PlanDecision | ClarificationAnswer | None:
+    """The answer given on the command line, checked (ApprovalError, ClarificationError), or None."""
+    answer = getattr(args, "answer", None)
+    if args.accept + args.reject + bool(args.rubric) + (answer is not None) > 1:
+        raise ApprovalError("give one of --accept, --reject, --rubric or --answer")
+    if answer is not None:
+        return ClarificationAnswer.parse(answer)
     if args.accept:
         return PlanDecision("accept")
     if args.reject:
@@ -80,12 +103,22 @@ def decision_from_args(args: argparse.Namespace) -> PlanDecision | None:
     return None
 
 
-async def drive(first: Any, resume: Callable[[str, PlanDecision], Any], ask: Ask = ask_stderr) -> Any:
+async def drive(first: Any, resume: Callable[[str, PlanDecision | ClarificationAnswer], Any],
+                ask: Ask = ask_stderr) -> Any:
     """Answer pauses until the run ends: the ResearchOutcome, or None when the plan was rejected."""
     from app.service import ResearchPaused, ResearchRejected
 
     outcome = await first
     while isinstance(outcome, ResearchPaused):
+        if outcome.question is not None:  # a clarifying question before the plan
+            show_question(outcome.question, outcome.expires_at)
+            try:
+                answer = ask_clarification(ask)
+            except EOFError:  # nobody to ask (stdin closed): go on without clarification, as an empty answer
+                print("no answer on stdin: going on without clarification", file=sys.stderr)
+                answer = ClarificationAnswer("")
+            outcome = await resume(outcome.session_id, answer)
+            continue
         show_plan(outcome.plan, outcome.expires_at)
         try:
             decision = ask_decision(outcome.plan, ask)
@@ -96,8 +129,11 @@ async def drive(first: Any, resume: Callable[[str, PlanDecision], Any], ask: Ask
 
 
 def _precheck(settings: Settings, session_id: str) -> None:
-    """Refuse a session that cannot be resumed before the model is loaded (nothing is changed)."""
-    from app.durable import ResumeError
+    """Refuse a session that cannot be resumed before the model is loaded (nothing is changed); end one whose pause
+    has expired (RunFailedError: it is marked failed, its run state 'expired' with the reason)."""
+    from app.container import durable_sessions
+    from app.durable import ResumeError, end_if_expired
+    from app.service import RunFailedError
     from store.session_log import SessionLog
     from store.session_log.checkpoints import SessionRuns
 
@@ -112,6 +148,9 @@ def _precheck(settings: Settings, session_id: str) -> None:
         if run is None or run.state not in ("active", "awaiting_approval"):
             why = "was not run with checkpoints" if run is None else f"is {run.state}"
             raise ResumeError(f"session {session_id} {why}: it cannot be resumed")
+        durable = durable_sessions(settings, log)
+        if durable is not None and (reason := end_if_expired(log, durable, run)) is not None:
+            raise RunFailedError(session_id, reason)
     finally:
         log.close()
 
@@ -124,7 +163,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
     settings = _with_adapter(Settings(), args.adapter)
     progress = Progress(args.quiet)
     decision = decision_from_args(args)  # a bad answer is refused before anything runs
-    _precheck(settings, args.session_id)
+    try:
+        _precheck(settings, args.session_id)
+    except RunFailedError as exc:
+        print(f"error: the session could not go on ({exc}); session {exc.session_id} is marked failed",
+              file=sys.stderr)
+        return 1
     services = build(settings, say=progress.say, progress=progress.bar)
     svc = services.research
 
@@ -153,7 +197,9 @@ def print_outcome(outcome: Any, progress: Progress) -> int:
         progress.say("the plan was rejected: the session ended without a report (recorded as rejected)")
         return 0
     if isinstance(outcome, ResearchPaused):
-        print(f"the plan of session {outcome.session_id} still waits for approval: answer it with "
+        what = "question" if outcome.question is not None else "plan"
+        waits = "waits for your answer" if outcome.question is not None else "still waits for approval"
+        print(f"the {what} of session {outcome.session_id} {waits}: answer it with "
               f"`rubricem resume {outcome.session_id}`", file=sys.stderr)
         return 1
     print(outcome.report.markdown)
@@ -181,12 +227,14 @@ def cmd_export_edited_plans(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: Any, sessions_sub: Any) -> None:
     """`resume`, and `sessions export --edited-plans`."""
-    res = sub.add_parser("resume", help="go on with a session cut off by a crash, or answer its paused plan")
+    res = sub.add_parser("resume", help="go on with a session cut off by a crash, or answer its paused plan or "
+                         "clarifying question")
     res.add_argument("session_id")
     res.add_argument("--accept", action="store_true", help="accept the paused plan")
     res.add_argument("--reject", action="store_true", help="reject the paused plan (the session ends)")
     res.add_argument("--rubric", action="append", help="edit: the plan's rubric items, whole (repeatable)")
     res.add_argument("--note", help="edit: a note to the research plan")
+    res.add_argument("--answer", help="the answer to the paused clarifying question (empty: go on without)")
     res.add_argument("--quiet", action="store_true", help="no progress on stderr")
     res.add_argument("--adapter", help="as for ask")
     res.set_defaults(func=cmd_resume)

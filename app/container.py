@@ -169,13 +169,14 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
 
 def durable_sessions(settings: Settings, log: SessionLog) -> Any:
     """Checkpointing for the service's sessions (issue 21), or None when RUBRICEM_SESSIONS__CHECKPOINTS=false."""
-    from app.durable import DurableSessions
+    from app.durable import DurableSessions, clarify_default
 
     cfg = settings.sessions
     if not cfg.checkpoints:
         return None
     return DurableSessions.for_store(log, settings.store, keep_checkpoints=cfg.keep_checkpoints,
-                                     approval_expiry_s=cfg.approval_expiry_s)
+                                     approval_expiry_s=cfg.approval_expiry_s,
+                                     clarify=clarify_default(cfg.clarify, settings.agent.policy_backend))
 
 
 def build_judge_client(settings: Settings) -> Any:

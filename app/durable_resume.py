@@ -1,8 +1,9 @@
 """Checks and repairs before a session goes on from its checkpoint (`ResearchService.resume`).
 
-Bad input changes nothing: an unknown session (SessionNotFound), a finished one, one never run durably, or an
-answer to a session that is not waiting for one (ResumeError). A session that cannot go on (its checkpoint missing,
-unreadable, or not matching the log; its approval expired) is marked failed, and its run state says why.
+Bad input changes nothing: an unknown session (SessionNotFound), a finished one, one never run durably, an answer
+to a session that is not waiting for one (or waits for the other kind of answer), or a session another resume has
+just taken over (ResumeError). A session that cannot go on (its checkpoint missing, unreadable, or not matching the
+log; its pause expired) is marked failed, and its run state says why.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from agent.approval import PlanDecision, PlanForApproval
 from agent.checkpoint import open_checkpointer
+from agent.clarify import ClarificationAnswer
 from agent.config import RunOptions
 from agent.deps import AgentDeps
 from agent.graph import build_graph
 from agent.tools.ids import CallIdFactory
-from app.durable import ResumeError, expired
+from app.durable import ResumeError, mark_expired
 from store.errors import InvalidInput
 from store.records import SessionRecord
 from store.session_log.checkpoints import PlanApproval, RunStateName
@@ -25,9 +27,10 @@ if TYPE_CHECKING:
 
 
 async def prepare_resume(
-    service: ResearchService, sid: str, decision: PlanDecision | None, sink: EventSink
+    service: ResearchService, sid: str, decision: PlanDecision | ClarificationAnswer | None, sink: EventSink
 ) -> ResearchPaused | tuple[SessionRecord, AgentDeps, int]:
-    """The paused plan again (no decision given), or the session's record, fresh deps and the dropped turns."""
+    """The pause again (no answer given), or the session's record, fresh deps and the dropped turns; the session
+    is then taken over by this resume (`SessionRuns.claim`: a concurrent second resume is refused)."""
     from app.service import ResearchPaused, RunFailedError
 
     rec = service.log.get(sid)  # SessionNotFound for an unknown id
@@ -41,16 +44,21 @@ async def prepare_resume(
         why = "was not run with checkpoints" if run is None else f"is {run.state}"
         raise ResumeError(f"session {sid} {why}: it cannot be resumed")
     waiting = run.state == "awaiting_approval"
+    asks = run.pause_kind == "clarification"
     if not waiting and decision is not None:
-        raise ResumeError(f"session {sid} is not waiting for plan approval")
+        raise ResumeError(f"session {sid} is not waiting for an answer (plan approval or clarification)")
+    if waiting and asks and isinstance(decision, PlanDecision):
+        raise ResumeError(f"session {sid} waits for the answer to its clarifying question, not a plan decision")
+    if waiting and not asks and isinstance(decision, ClarificationAnswer):
+        raise ResumeError(f"session {sid} waits for its plan's approval, not a clarification answer")
 
     def give_up(state: RunStateName, reason: str) -> RunFailedError:
         service.log.finish(sid, "failed", error=reason, metrics={"interrupted": state})
         durable.runs.set_state(sid, state, reason=reason)
         return RunFailedError(sid, reason)
 
-    if waiting and expired(run.expires_at):
-        failure = give_up("expired", f"the plan waited for approval past {run.expires_at} and expired")
+    if run.expired():
+        failure = RunFailedError(sid, mark_expired(service.log, run))
         if not durable.keep_checkpoints:  # the session has ended: its checkpoints go, as on any end
             try:
                 async with open_checkpointer(durable.target) as cp:
@@ -59,8 +67,13 @@ async def prepare_resume(
                 pass
         raise failure
     if waiting and decision is None:
-        plan = PlanForApproval.from_dict(run.pause or {})
-        return ResearchPaused(sid, plan, run.expires_at or "")
+        if asks:
+            return ResearchPaused(sid, PlanForApproval.from_dict({}), run.expires_at or "",
+                                  question=str((run.pause or {}).get("question", "")))
+        return ResearchPaused(sid, PlanForApproval.from_dict(run.pause or {}), run.expires_at or "")
+    if not durable.runs.claim(run):
+        raise ResumeError(f"session {sid} is already being resumed by another request: wait for that run "
+                          "(or reload the session) instead of resuming it twice")
     try:
         async with open_checkpointer(durable.target) as cp:
             snapshot = await build_graph(cp).aget_state({"configurable": {"thread_id": run.thread_id}})
@@ -74,7 +87,7 @@ async def prepare_resume(
         dropped = durable.runs.truncate(sid, turns, len(calls))
     except InvalidInput as exc:
         raise give_up("interrupted", f"the checkpoint does not match the session log ({exc})") from exc
-    if decision is not None:
+    if isinstance(decision, PlanDecision):
         policy_plan = "".join(t.text for t in turns if t.stage == "plan" and t.kind == "sampled")
         approved = {"rubric": list(decision.rubric), "note": decision.note} if decision.action == "edit" else {}
         durable.runs.record_approval(PlanApproval(sid, decision.action, decision.owner, policy_plan, approved))

@@ -112,6 +112,15 @@ class PlanAwaitingApproval:
 
 
 @dataclass(frozen=True, slots=True)
+class ClarificationRequested:
+    """The session paused before its plan with one question for the user (issue 21): answer it to go on."""
+
+    session_id: str
+    question: str
+    expires_at: str
+
+
+@dataclass(frozen=True, slots=True)
 class SessionResumed:
     """A cut-off or paused session goes on from its last checkpoint."""
 
@@ -121,7 +130,7 @@ class SessionResumed:
 
 Event = (
     SessionStarted | ReferencesInjected | StageStarted | SearchIssued | SearchDone | SourcesFound | TurnWritten | Note
-    | AnswerReady | RunFailed | PlanAwaitingApproval | SessionResumed
+    | AnswerReady | RunFailed | PlanAwaitingApproval | ClarificationRequested | SessionResumed
 )
 
 

@@ -17,18 +17,29 @@ from typing import Any, Protocol
 
 from agent.approval import PlanDecision, PlanForApproval
 from agent.checkpoint import open_checkpointer
+from agent.clarify import ClarificationAnswer
 from agent.config import AgentConfig, RunOptions
 from agent.deps import AgentDeps
 from agent.errors import AgentError, InputError
 from agent.protocols import PolicyClient, ReflectionBank, SearchTool
 from agent.report import Embed, Report, attribute_report, report_fields
-from agent.run import PausedRun, RejectedRun, RunResult, execute, execute_durable, render_prompt, validate_question
+from agent.run import (
+    PausedRun,
+    RejectedRun,
+    RunResult,
+    clarify_context,
+    execute,
+    execute_durable,
+    render_prompt,
+    validate_question,
+)
 from agent.tools.ids import CallIdFactory
 from app import events as ev
 from app.durable import DurableSessions
 from store.errors import StoreError
 from store.records import STAGES, PromptRecord, Retrieval, SessionSource, ToolCallRecord, Trajectory, Turn
 from store.session_log import SessionLog
+from store.session_log.checkpoints import SessionRuns
 
 _log = logging.getLogger(__name__)
 
@@ -64,11 +75,13 @@ class ResearchOutcome:
 
 @dataclass(frozen=True, slots=True)
 class ResearchPaused:
-    """A durable run waiting for the user's approval of its plan (`ResearchService.resume` goes on)."""
+    """A durable run waiting for the user's approval of its plan, or (with `question`) for the answer to a
+    clarifying question asked before the plan (`ResearchService.resume` goes on)."""
 
     session_id: str
     plan: PlanForApproval
     expires_at: str
+    question: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +110,9 @@ class _SessionRecorder:
 
     def event(self, kind: str, data: Mapping[str, Any]) -> None:
         self.sink(ev.from_agent(kind, dict(data)))
+
+    def prompt(self, prompt: PromptRecord) -> None:
+        SessionRuns(self.log).set_prompt(self.session_id, prompt)
 
 
 def stage_summary(traj: Trajectory) -> list[dict[str, Any]]:
@@ -247,7 +263,7 @@ class ResearchService:
             InputError: empty or over-long question, an unknown backend (nothing written).
             RunFailedError: the run failed after the session was created (session marked failed).
         """
-        outcome = await self.start(question, options, on_event, tools, source)
+        outcome = await self.start(question, options, on_event, tools, source, clarify=False)
         if not isinstance(outcome, ResearchOutcome):  # only a run that asked for approval can pause or be rejected
             raise RunFailedError(outcome.session_id, f"unexpected {type(outcome).__name__}")
         return outcome
@@ -261,13 +277,20 @@ class ResearchService:
         source: SessionSource = "api",
         *,
         approve_plan: bool = False,
+        clarify: bool | None = None,
     ) -> ResearchOutcome | ResearchPaused | ResearchRejected:
         """Like `run`; with `approve_plan` the session pauses after its plan (ResearchPaused) until `resume`
-        answers it. Needs durable sessions for that (InputError otherwise, nothing written)."""
+        answers it. With `clarify` (None: the deployment's `sessions.clarify` setting) the policy first decides
+        whether the request is ambiguous, and if so the session pauses with one question (ResearchPaused with
+        `question`). Both need durable sessions (InputError otherwise, nothing written; `clarify=None` is then off).
+        """
         sink = on_event or (lambda e: None)
         question = validate_question(question, self.config.max_question_chars)
         if approve_plan and self.durable is None:
             raise InputError("plan approval needs durable sessions: set RUBRICEM_SESSIONS__CHECKPOINTS=true")
+        if clarify and self.durable is None:
+            raise InputError("clarification needs durable sessions: set RUBRICEM_SESSIONS__CHECKPOINTS=true")
+        asks = bool(self.durable.clarify if clarify is None and self.durable is not None else clarify)
         opts = options or self.config.defaults
         # A seeded run also gets reproducible tool-call ids (they are in the token sequence).
         deps = AgentDeps(policy=self.policy, tools=self._tools(tools), options=opts, call_ids=CallIdFactory(opts.seed),
@@ -277,6 +300,7 @@ class ResearchService:
         try:
             refs = await self.references(question, opts, sink)
             prompt = await render_prompt(question, deps, refs)
+            clarify_with = clarify_context(question, deps, refs) if asks else None
             version = self.policy.policy_version
             sid = self.log.create_session(question, prompt, opts.model_dump(mode="json"), version, source=source)
             if refs.hits:
@@ -299,7 +323,7 @@ class ResearchService:
                 return await self._complete(sid, result, bank_meta, started, sink, version)
             self.durable.runs.start(sid, sid)
             return await self._drive(sid, question, prompt, deps, bank_meta, started, sink, version, start=True,
-                                     injected=refs.item_ids)
+                                     injected=refs.item_ids, clarify_with=clarify_with)
         except BaseException as exc:  # whatever stopped the run (even Ctrl-C), the session is marked failed
             self._fail(sid, exc, started, sink)
             if isinstance(exc, Exception):
@@ -320,6 +344,8 @@ class ResearchService:
         seconds = time.monotonic() - started
         self.log.set_flags(sid, malformed=traj.malformed, max_consecutive_tool_errors=traj.max_consecutive_tool_errors)
         metrics = _metrics(traj, report, seconds) | {"report": report_fields(report), "bank": bank_meta}
+        if result.clarification is not None:  # the clarify node ran: what it decided, and the user's answer
+            metrics["clarification"] = dict(result.clarification)
         self.log.finish(sid, "completed", report=report.markdown, metrics=metrics)
         sink(ev.AnswerReady(sid, report.markdown))
         return ResearchOutcome(sid, traj, report, version, seconds)
@@ -327,7 +353,7 @@ class ResearchService:
     async def _drive(
         self, sid: str, question: str, prompt: PromptRecord, deps: AgentDeps, bank_meta: dict[str, Any],
         started: float, sink: EventSink, version: str, *, start: bool, injected: tuple[str, ...],
-        resume_value: dict[str, Any] | None = None,
+        resume_value: dict[str, Any] | None = None, clarify_with: dict[str, Any] | None = None,
     ) -> ResearchOutcome | ResearchPaused | ResearchRejected:
         """Run the session's thread until it ends or pauses; an ended session's checkpoints are pruned."""
         durable = self.durable
@@ -335,7 +361,14 @@ class ResearchService:
         async with open_checkpointer(durable.target) as cp:
             try:
                 result = await execute_durable(sid, question, prompt, deps, checkpointer=cp, thread_id=sid,
-                                               start=start, resume_value=resume_value, injected_bank_items=injected)
+                                               start=start, resume_value=resume_value, injected_bank_items=injected,
+                                               clarify_with=clarify_with)
+                if isinstance(result, PausedRun) and result.question is not None:
+                    expires = durable.expiry()
+                    durable.runs.set_state(sid, "awaiting_approval", expires_at=expires,
+                                           pause={"kind": "clarification", "question": result.question})
+                    sink(ev.ClarificationRequested(sid, result.question, expires))
+                    return ResearchPaused(sid, result.plan, expires, question=result.question)
                 if isinstance(result, PausedRun):
                     expires = durable.expiry()
                     durable.runs.set_state(sid, "awaiting_approval", pause=result.plan.to_dict(), expires_at=expires)
@@ -368,15 +401,17 @@ class ResearchService:
             _log.warning("could not prune the checkpoints of session %s: %s", sid, exc)
 
     async def resume(
-        self, session_id: str, decision: PlanDecision | None = None, on_event: EventSink | None = None
+        self, session_id: str, decision: PlanDecision | ClarificationAnswer | None = None,
+        on_event: EventSink | None = None,
     ) -> ResearchOutcome | ResearchPaused | ResearchRejected:
-        """Go on with a session cut off by a crash, or answer its paused plan (`decision`).
+        """Go on with a session cut off by a crash, or answer its pause: a paused plan (a PlanDecision) or a
+        clarifying question (a ClarificationAnswer; empty text = go on without clarification).
 
         Raises:
             SessionNotFound: unknown id (nothing changed).
-            ResumeError: the session is finished, was not run durably, or is not waiting for an answer (nothing
-                changed).
-            RunFailedError: the session could not go on (checkpoint missing or unreadable, approval expired: the
+            ResumeError: the session is finished, was not run durably, is not waiting for this kind of answer, or
+                another resume has just taken it over (nothing changed).
+            RunFailedError: the session could not go on (checkpoint missing or unreadable, pause expired: the
                 session is then marked failed and its run state says why), or the resumed run failed.
         """
         from app.durable_resume import prepare_resume
@@ -388,7 +423,7 @@ class ResearchService:
             return plan
         rec, deps, dropped = plan
         sink(ev.SessionResumed(session_id, dropped))
-        if decision is not None:
+        if isinstance(decision, PlanDecision):
             sink(ev.Note("plan_decision", {"action": decision.action}))
         try:
             deps.recorder = _SessionRecorder(self.log, session_id, sink)

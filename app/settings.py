@@ -62,14 +62,19 @@ class McpServeConfig(BaseModel):
 
 
 class SessionsConfig(BaseModel):
-    """Durable sessions and plan approval (issue 21)."""
+    """Durable sessions, plan approval and clarification before planning (issue 21)."""
 
     checkpoints: bool = Field(default=True, description="Checkpoint every step of a session on LangGraph's "
                               "checkpointer, so `rubricem resume` continues a session cut off by a crash.")
     keep_checkpoints: bool = Field(default=False, description="Keep a session's checkpoints after it ends (by "
                                    "default they are pruned when it completes, fails or is rejected).")
-    approval_expiry_s: float = Field(default=86400.0, gt=0, description="A plan waiting for approval expires "
-                                     "after this many seconds (the session then ends, failed).")
+    approval_expiry_s: float = Field(default=86400.0, gt=0, description="A plan waiting for approval (or a "
+                                     "clarifying question waiting for its answer) expires after this many seconds "
+                                     "(the session then ends, failed).")
+    clarify: Literal["auto", "on", "off"] = Field(
+        default="auto", description="Before planning, let the policy ask the user one question when the request is "
+        "ambiguous (chat and `rubricem ask`; batch, eval and MCP never ask). auto: on for endpoint policies (vllm, "
+        "llamacpp), off for the embedded model.")
 
 
 class Settings(BaseSettings):

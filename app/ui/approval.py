@@ -1,9 +1,12 @@
-"""Plan approval in the research chat (issue 21): the per-chat toggle, and the form shown in a paused session's
-stage view (accept; edit the rubric items and add a note to the research plan; reject).
+"""Plan approval and clarification in the research chat (issue 21): the per-chat toggle, and the form shown in a
+paused session's stage view: accept, edit (rubric items, a note to the research plan) or reject a paused plan; or
+answer the clarifying question asked before the plan (an empty answer goes on without clarification). Whether a
+question is asked is the deployment's `sessions.clarify` setting.
 
 The pause is a checkpoint, so the form is drawn from the store and works after a restart of the app. An answer
 that cannot be applied (an edit that removes every rubric item, ...) is refused with a message and the session
-stays paused. The chat page only calls `toggle` and `draw_pending`.
+stays paused; a pause past its expiry is never offered: the session is ended there, expired. The chat page only
+calls `toggle` and `draw_pending`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 import streamlit as st
 
 from agent.approval import ApprovalError, PlanDecision, PlanForApproval
+from agent.clarify import ClarificationAnswer, ClarificationError
+from app.durable import end_if_expired
 from app.service import ResearchPaused, RunFailedError
 from app.ui import state
 from app.ui.runner import LiveRun
@@ -48,6 +53,12 @@ def draw_pending(record: SessionRecord, draw_run: Callable[[RunView, bool], None
     run = SessionRuns(svc.log).get(record.session_id)
     if run is None or run.state != "awaiting_approval":
         return
+    if (reason := end_if_expired(svc.log, svc.research.durable, run)) is not None:
+        st.warning(f"This session ended: {reason}.")
+        return
+    if run.pause_kind == "clarification":
+        _draw_question(record, str((run.pause or {}).get("question", "")), run.expires_at, draw_run)
+        return
     plan = PlanForApproval.from_dict(run.pause or {})
     sid = record.session_id
     with st.form(f"approve_form_{sid}"):
@@ -79,7 +90,27 @@ def draw_pending(record: SessionRecord, draw_run: Callable[[RunView, bool], None
     _resume(record, decision, draw_run)
 
 
-def _resume(record: SessionRecord, decision: PlanDecision, draw_run: Callable[[RunView, bool], None]) -> None:
+def _draw_question(record: SessionRecord, question: str, expires_at: str | None,
+                   draw_run: Callable[[RunView, bool], None]) -> None:
+    """The clarifying question and a text box; answering (or sending nothing) resumes the run here."""
+    sid = record.session_id
+    with st.form(f"clarify_form_{sid}"):
+        st.markdown("**Before planning, one question**" + (f" (until {expires_at[:16]})" if expires_at else ""))
+        st.markdown(md_literal(question))
+        text = st.text_area("Your answer (leave empty to go on without clarification)", key=f"clarify_answer_{sid}")
+        sent = st.form_submit_button("Send and go on")
+    if not sent:
+        return
+    try:
+        answer = ClarificationAnswer.parse({"answer": text, "owner": _owner()})
+    except ClarificationError as exc:
+        st.error(f"Not applied: {exc}. The question still waits.")
+        return
+    _resume(record, answer, draw_run)
+
+
+def _resume(record: SessionRecord, decision: PlanDecision | ClarificationAnswer,
+            draw_run: Callable[[RunView, bool], None]) -> None:
     view = RunView.from_record(record)
     run = LiveRun(state.services().research, record.question, None, resume=(record.session_id, decision))  # type: ignore[arg-type]
     box, timer, started = st.empty(), st.empty(), time.monotonic()
@@ -94,6 +125,6 @@ def _resume(record: SessionRecord, decision: PlanDecision, draw_run: Callable[[R
     if ended.error is not None and not isinstance(ended.error, RunFailedError):
         st.error(f"Could not resume: {type(ended.error).__name__}: {ended.error}")
         return
-    if isinstance(ended.outcome, ResearchPaused):  # cannot happen after an answer; shown again if it does
-        st.info("The plan still waits.")
+    if isinstance(ended.outcome, ResearchPaused):  # after a clarification, the plan may wait for approval next
+        st.info("The question still waits." if ended.outcome.question is not None else "The plan waits.")
     st.rerun()

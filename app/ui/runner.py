@@ -22,6 +22,7 @@ from typing import Any
 from agent.config import RunOptions
 from app import events as ev
 from agent.approval import PlanDecision
+from agent.clarify import ClarificationAnswer
 from app.service import ResearchOutcome, ResearchPaused, ResearchRejected, ResearchService
 
 
@@ -55,10 +56,12 @@ class LiveRun:
     def __init__(self, service: ResearchService, question: str, options: RunOptions,
                  tools: Collection[str] | None = None,
                  on_event: Callable[[ev.Event], None] | None = None, *, approve_plan: bool = False,
-                 resume: tuple[str, PlanDecision] | None = None) -> None:
-        """Start the run (`approve_plan`: pause after the plan; `resume`: answer a paused session's plan). `on_event` (optional) is called on the loop's thread for every event, before the page
-        sees it: it must be quick and thread-safe (the page uses it to file the session in its chat thread, so
-        a page rerun mid-run loses nothing)."""
+                 resume: tuple[str, PlanDecision | ClarificationAnswer] | None = None) -> None:
+        """Start the run (`approve_plan`: pause after the plan; `resume`: answer a paused session's plan or
+        clarifying question; whether a question is asked first is the deployment's `sessions.clarify`). `on_event`
+        (optional) is called on the loop's thread for every event, before the page sees it: it must be quick and
+        thread-safe (the page uses it to file the session in its chat thread, so a page rerun mid-run loses
+        nothing)."""
         self._queue: queue.Queue[ev.Event | RunEnded] = queue.Queue()
         self.ended: RunEnded | None = None
         self._on_event = on_event

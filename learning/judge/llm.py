@@ -453,13 +453,16 @@ class LLMJudge:
     # -- high level -----------------------------------------------------------------------------------------------
 
     async def judge_group(
-        self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = ()
+        self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = (), *,
+        session_rubrics: Sequence[Rubric] = (),
     ) -> list[Judgement]:
         """One Judgement per trajectory, in order (see `score_group`)."""
-        return list((await self.score_group(question, trajectories, persistent)).judgements)
+        return list((await self.score_group(question, trajectories, persistent,
+                                            session_rubrics=session_rubrics)).judgements)
 
     async def score_group(
-        self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = ()
+        self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = (), *,
+        session_rubrics: Sequence[Rubric] = (),
     ) -> ScoredGroup:
         """A whole judging round for one question's group of trajectories.
 
@@ -485,10 +488,13 @@ class LLMJudge:
         if not trajectories:
             return ScoredGroup(question, (), buffer.all_rubrics(), (), buffer, PruneResult(), None, Usage())
 
-        generated = await self.generate_rubrics(question, trajectories, buffer)
+        # Session rubrics (a user's approved plan) are scored with this group only: `scoring` holds them, the buffer
+        # that is pruned and saved never does.
+        generated = await self.generate_rubrics(question, trajectories, buffer.with_persistent(session_rubrics))
         buffer, added = buffer.add(generated.rubrics)
+        scoring = buffer.with_persistent(session_rubrics)
 
-        outcomes = await asyncio.gather(*(self._judge_one(t, buffer) for t in trajectories))
+        outcomes = await asyncio.gather(*(self._judge_one(t, scoring) for t in trajectories))
         self._raise_if_nothing_judged(generated, outcomes)
 
         group_scores: dict[str, list[int | None]] = {}
@@ -496,7 +502,7 @@ class LLMJudge:
             for ts in (outcome.main, outcome.fallback):
                 for rid, rs in ts.scores.items():
                     group_scores.setdefault(rid, []).append(rs.score)
-        scored_rubrics = buffer.all_rubrics()
+        scored_rubrics = scoring.all_rubrics()
         buffer, pruned = buffer.prune(group_scores)
         buffer = await self._save(buffer)
 

@@ -180,16 +180,17 @@ class OfflineJudge:
         self.embedding_model = embedding_model
 
     async def judge_group(
-        self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = ()
+        self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = (), *,
+        session_rubrics: Sequence[Rubric] = (),
     ) -> list[Judgement]:
-        """One approximate Judgement per trajectory, in order.
+        """One approximate Judgement per trajectory, in order (`session_rubrics`: for this group only, never saved).
 
         Raises:
             JudgeUnavailable: the embedding model cannot be loaded (nothing could be judged).
         """
         if not trajectories:
             return []
-        buffer = await self._buffer(question, persistent)
+        buffer = (await self._buffer(question, persistent)).with_persistent(session_rubrics)
         chosen = self._answer_rubrics(question, trajectories, buffer)
         similarities = await self._similarities(chosen.rubrics, trajectories)
         return [

@@ -61,8 +61,11 @@ async def judge_pending(
         say(f"judging {len(recs)} session(s): {recs[0].question[:80]!r}")
         try:
             # Users' notes on earlier answers to this question are extra persistent rubrics (learning/judge/feedback).
-            persistent = feedback_rubrics(log.feedback_for_question(recs[0].question)) + own[recs[0].session_id]
-            judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs], persistent=persistent)
+            persistent = feedback_rubrics(log.feedback_for_question(recs[0].question))
+            # A user's plan rubrics judge their own session only: never added to the question's shared buffer.
+            scoped = {"session_rubrics": own[recs[0].session_id]} if own[recs[0].session_id] else {}
+            judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs], persistent=persistent,
+                                                 **scoped)
             if len(judgements) != len(recs):
                 raise RuntimeError(f"the judge returned {len(judgements)} judgements for {len(recs)} sessions")
         except Exception as exc:  # a judge failure is recorded per session; the batch goes on

@@ -177,9 +177,14 @@ class TrajectoryJudge(Protocol):
     model: str
 
     async def judge_group(
-        self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = ()
+        self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = (), *,
+        session_rubrics: Sequence[Rubric] = (),
     ) -> list[Judgement]:
         """One Judgement per trajectory, in order. Never raises for a bad judge answer: failures are recorded in
         the Judgement (None scores, `failed_stages`, fallback); raises JudgeUnavailable only if nothing could be
-        judged at all."""
+        judged at all.
+
+        `persistent` rubrics join the question's buffer (every later judgement of the question uses them);
+        `session_rubrics` (a user's approved plan rubric, issue 21) are Answer-stage rubrics for THIS group only:
+        scored like persistent ones, never saved in the buffer, so no other session of the question meets them."""
         ...

@@ -7,9 +7,10 @@ feedback note: an explicit statement of what the reader wants checked outranks a
 "critical", which the judge keeps for correctness). An ACCEPTED plan adds nothing: the policy's own rubric is never
 the scoring standard (METHOD §5.2), and accepting it does not make it the user's.
 
-The items are user text quoted into judge prompts as rubric content, never as instructions. The session's rubrics
-are judged with that session alone (the pipeline gives it its own group); like every persistent rubric, the judge's
-per-question buffer keeps them afterwards.
+The items are user text quoted into judge prompts as rubric content, never as instructions. They are scoped to their
+session: the pipeline judges that session in a group of its own and hands the items to the judge as
+`session_rubrics`, which are scored for that group only and never saved in the question's shared rubric buffer, so
+another session of the same question (another user's, or a later one) is never judged against them.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def user_rubrics(items: Sequence[str]) -> tuple[Rubric, ...]:
             id=rubric_id("answer", "user plan rubric " + key, persistent=True),
             stage="answer",
             title=USER_RUBRIC_TITLE_PREFIX + text,
-            # Never the owner's id: judge prompts may go to an external API, and persistent rubrics outlive the
-            # session in the question's buffer. The owner stays with the approval record (plan_approvals).
+            # Never the owner's id: judge prompts may go to an external API. The owner stays with the approval record
+            # (plan_approvals).
             description=(f'The user who asked this question approved this checklist item for the answer: '
                          f'"{text}". The answer satisfies this rubric when it covers that item.'),
             weight=USER_RUBRIC_WEIGHT,

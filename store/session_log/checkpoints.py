@@ -7,6 +7,10 @@ its last checkpoint, so that every turn is in the log exactly once.
 
 The sessions table keeps its three statuses: a paused or cut-off session is still 'running'; a rejected, expired
 or unresumable one ends 'failed' (never trained on), and `RunState.state` says why.
+
+A session paused BEFORE its plan for a clarifying question uses the same 'awaiting_approval' state (no migration):
+its pause says `{"kind": "clarification", "question": ...}` (`RunState.pause_kind`). The answer joins the session's
+prompt (`set_prompt`, before any turn exists) and the decision is kept in the session's metrics (`clarification`).
 """
 
 from __future__ import annotations
@@ -16,10 +20,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from datetime import UTC, datetime
+
 from store.errors import InvalidInput, SessionNotFound
-from store.records import Turn
+from store.records import PromptRecord, Turn
 from store.session_log import SessionLog
-from store.session_log.codec import choice_in, json_in, label_in, opt_text_in, text_in, text_out, unpack_ids
+from store.session_log.codec import (
+    choice_in,
+    json_in,
+    label_in,
+    opt_text_in,
+    pack_ids,
+    text_in,
+    text_out,
+    unpack_ids,
+)
 
 RunStateName = Literal["active", "awaiting_approval", "finished", "rejected", "expired", "interrupted"]
 ApprovalAction = Literal["accept", "edit", "reject"]
@@ -38,6 +53,19 @@ class RunState:
     pause: dict[str, Any] | None  # what the paused plan shows the user (agent.nodes.approve.PlanForApproval)
     expires_at: str | None
     updated_at: str
+
+    @property
+    def pause_kind(self) -> Literal["plan", "clarification"] | None:
+        """What a paused session waits for: its plan's approval, or the answer to a clarifying question."""
+        if self.state != "awaiting_approval":
+            return None
+        return "clarification" if (self.pause or {}).get("kind") == "clarification" else "plan"
+
+    def expired(self, now: datetime | None = None) -> bool:
+        """Whether a pause's expiry time has passed (never for a session that is not paused)."""
+        if self.state != "awaiting_approval" or not self.expires_at:
+            return False
+        return datetime.fromisoformat(self.expires_at) <= (now or datetime.now(UTC))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +137,53 @@ class SessionRuns:
             return None
         return RunState(session_id, r[0], r[1], opt_text(r[2]), None if r[3] is None else json.loads(r[3]), r[4], r[5])
 
-    def waiting(self) -> list[RunState]:
-        """Sessions paused for plan approval, oldest first."""
+    def waiting(self, *, include_expired: bool = False) -> list[RunState]:
+        """Sessions paused for plan approval or a clarification answer, oldest first; a pause past its expiry is
+        left out (it can no longer be answered) unless `include_expired`."""
         with self.log.transaction(write=False) as conn:
             rows = conn.execute(
                 "SELECT session_id FROM session_runs WHERE state = 'awaiting_approval' ORDER BY updated_at"
             ).fetchall()
-        return [s for s in (self.get(r[0]) for r in rows) if s is not None]
+        runs = [s for s in (self.get(r[0]) for r in rows) if s is not None]
+        return runs if include_expired else [s for s in runs if not s.expired()]
+
+    def claim(self, seen: RunState) -> bool:
+        """Take a session over for one resume: move it to 'active' (pause and expiry cleared) only if its row is
+        still exactly as `seen` (same state, same `updated_at`). Of two resumers that read the same row, one wins;
+        the other gets False and must not go on."""
+        now = self.log.now()
+        while now == seen.updated_at:  # the new version must differ from the one read (same-microsecond clock)
+            now = self.log.now()
+        with self.log.transaction(write=True) as conn:
+            cur = conn.execute(
+                "UPDATE session_runs SET state = 'active', reason = NULL, pause_json = NULL, expires_at = NULL, "
+                "updated_at = ? WHERE session_id = ? AND state = ? AND updated_at = ?",
+                (now, seen.session_id, seen.state, seen.updated_at),
+            )
+            return cur.rowcount == 1
+
+    def set_prompt(self, session_id: str, prompt: PromptRecord) -> None:
+        """Replace the prompt of a running session that has no turn yet (a clarification answer joined its user
+        message before the plan).
+
+        Raises:
+            InvalidInput: the session has finished or already holds turns (nothing changed).
+            SessionNotFound: unknown id.
+        """
+        values = (text_in(prompt.text, "prompt.text"), pack_ids(prompt.token_ids, "prompt"),
+                  label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True))
+        with self.log.transaction(write=True) as conn:
+            row = conn.execute("SELECT status FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+            if row is None:
+                raise SessionNotFound(session_id)
+            if row[0] != "running":
+                raise InvalidInput(f"session {session_id} is {row[0]}: its prompt can no longer change")
+            if conn.execute("SELECT 1 FROM turns WHERE session_id = ? LIMIT 1", (session_id,)).fetchone():
+                raise InvalidInput(f"session {session_id} already has turns: its prompt can no longer change")
+            conn.execute(
+                "UPDATE sessions SET prompt_text = ?, prompt_token_ids = ?, prompt_sha = ?, updated_at = ? "
+                "WHERE session_id = ?", (*values, self.log.now(), session_id),
+            )
 
     # -- the repair a resume needs --
 

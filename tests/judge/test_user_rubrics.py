@@ -54,3 +54,29 @@ def test_the_user_rubric_reaches_the_judge_and_moves_the_answer_score(tmp_path: 
     assert missed_score < plain_score
     assert covered_rubrics == {rubric.id: 2}
     assert covered_score > missed_score
+
+
+def test_a_users_plan_rubric_never_reaches_another_session_of_the_same_question(tmp_path: Path) -> None:
+    """Scoped to its session: the edited plan's item is scored for Alice's session, and Bob's later session of the
+    same question (judged in another run, against the same store) is not judged against it; the question's shared
+    rubric buffer never holds it."""
+    from learning.judge.buffer import load_buffer
+
+    (rubric,) = user_rubrics([ITEM])
+    log = SessionLog(tmp_path / "rubricem.sqlite3")
+    alice = store_session(log, trajectory("alice", answer=LATIN), report="# report")
+    SessionRuns(log).record_approval(PlanApproval(alice, "edit", "alice", PLAN, {"rubric": [ITEM], "note": ""}))
+    judge = OfflineJudge(log)
+    assert asyncio.run(judge_pending(log, judge)).judged == 1
+    bob = store_session(log, trajectory("bob", answer=LATIN), report="# report")
+    assert asyncio.run(judge_pending(log, judge)).judged == 1
+
+    def answer_rubrics(sid: str) -> set[str]:
+        (j,) = log.judgements(sid)
+        return {s["rubric_id"] for s in j.payload["stages"]["answer"]["rubric_scores"]}
+
+    assert rubric.id in answer_rubrics(alice)
+    assert rubric.id not in answer_rubrics(bob)
+    buffer = load_buffer(log, trajectory("x").question)
+    assert all(ITEM not in r.title for r in buffer.all_rubrics())
+    log.close()
