@@ -193,7 +193,8 @@ class TransformersPolicyClient:
     """`PolicyClient` that runs a causal LM (by default the bundled SmolLM2) in this process.
 
     Generation is a manual decoding loop over a KV cache, one request at a time: each request runs in a worker
-    thread (`asyncio.to_thread`) and holds a lock for its whole duration. Adapter swaps take the same lock, so a
+    thread (`asyncio.to_thread`) and holds a lock for its whole duration. `generate_group` decodes N samples of one
+    prompt as one request (one prefill, one batched forward per step). Adapter swaps take the same lock, so a
     request in progress finishes on the old weights and the next one uses the new ones.
 
     Stop strings are matched on the decoded continuation after every token, so they may span tokens. Generation ends
@@ -320,6 +321,53 @@ class TransformersPolicyClient:
             ValueError: bad arguments. ContextTooLong: the prompt fills the model's context window.
             PolicyUnavailable: the client was closed.
         """
+        prompt, stops, max_tokens = await self._prepare(context, stop, max_tokens, temperature)
+        return await asyncio.to_thread(self._generate_locked, prompt, stops, max_tokens, float(temperature), seed)
+
+    async def generate_group(
+        self,
+        context: PromptContext,
+        n: int,
+        *,
+        stop: Sequence[str],
+        max_tokens: int,
+        temperature: float,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[Generation]:
+        """Sample `n` continuations of one prompt together (a GRPO group, reflection candidates): the prompt is
+        prefilled once, its KV cache repeated to `n` rows, and all unfinished rows advance in one forward per step.
+
+        Row i is what `generate(context, ..., seed=seeds[i])` returns from a fresh prefill: the same generator
+        seeding, stop strings, EOS, LoopGuard and `max_tokens` rules, checked per row. A row that finishes leaves the
+        batch (and the KV cache); the others go on. In float32 the token ids equal the single path's and the logprobs
+        agree to ~1e-5; in bf16 a batched matmul rounds differently from a one-row one, so logprobs agree to ~1e-2
+        and a sampled token can flip where two choices are almost tied (then the rows diverge from there on). The
+        whole group holds the model lock, so an adapter swap waits for it and every row has the same
+        `policy_version`. The single-sequence KV cache (prefix reuse across turns) is not touched.
+
+        Args:
+            context: the prompt shared by every row.
+            n: number of rows (>= 1).
+            stop, max_tokens, temperature: as in `generate`, for every row.
+            seeds: one seed per row (None entries, or no list, draw random seeds).
+
+        Returns:
+            `n` Generations, in row order.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an int >= 1, not {n!r}")
+        row_seeds = tuple(seeds) if seeds is not None else (None,) * n
+        if len(row_seeds) != n:
+            raise ValueError(f"{len(row_seeds)} seeds given for {n} rows")
+        prompt, stops, max_tokens = await self._prepare(context, stop, max_tokens, temperature)
+        return await asyncio.to_thread(
+            self._generate_group_locked, prompt, stops, max_tokens, float(temperature), row_seeds
+        )
+
+    async def _prepare(
+        self, context: PromptContext, stop: Sequence[str], max_tokens: int, temperature: float
+    ) -> tuple[tuple[int, ...], tuple[str, ...], int]:
+        """Checked arguments: the prompt's token ids, the stop strings, and `max_tokens` clamped to the window."""
         stops = check_generate_args(stop, max_tokens, temperature)
         prompt = tuple(int(i) for i in context.token_ids)
         if not prompt:
@@ -333,7 +381,7 @@ class TransformersPolicyClient:
                     f"prompt has {len(prompt)} tokens; the model's context window is {self._max_context}"
                 )
             max_tokens = min(max_tokens, room)
-        return await asyncio.to_thread(self._generate_locked, prompt, stops, max_tokens, float(temperature), seed)
+        return prompt, stops, max_tokens
 
     async def score(
         self, context: PromptContext, token_ids: Sequence[int], *, temperature: float = 1.0
@@ -549,35 +597,77 @@ class TransformersPolicyClient:
     ) -> Generation:
         import torch
 
-        generator = torch.Generator()
-        generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-        ids: list[int] = []
-        logprobs: list[float] = []
-        guard = LoopGuard()
+        row = _Row(self, seed, stops, max_tokens, temperature, version)
         with torch.inference_mode():
             logits = self._prefill(prompt)
-            for step in range(max_tokens):
-                if temperature > 0:
-                    lp = torch.log_softmax(logits / temperature, dim=-1)
-                    token = int(torch.multinomial(lp.exp(), 1, generator=generator).item())
-                else:
-                    lp = torch.log_softmax(logits, dim=-1)
-                    token = int(torch.argmax(lp).item())
-                if token in self._eos_ids:
-                    return self._finish(ids, logprobs, "stop", None, version)
-                ids.append(token)
-                logprobs.append(float(lp[token].item()))
-                if stops:
-                    text = self.decode(ids)
-                    hit = _earliest_stop(text, stops)
-                    if hit is not None:
-                        # this token completed the stop string (it was absent a step ago): keep it and stop here
-                        return self._finish(ids, logprobs, "stop", hit[1], version)
-                if guard.looping(ids):
-                    return self._finish(ids, logprobs, "length", None, version)
-                if step + 1 < max_tokens:
-                    logits = self._step(token)
-        return self._finish(ids, logprobs, "length", None, version)
+            while True:
+                done = row.push(logits)
+                if done is not None:
+                    return done
+                logits = self._step(row.ids[-1])
+
+    def _generate_group_locked(
+        self,
+        prompt: tuple[int, ...],
+        stops: tuple[str, ...],
+        max_tokens: int,
+        temperature: float,
+        seeds: tuple[int | None, ...],
+    ) -> list[Generation]:
+        with self._lock:
+            if self._closed:
+                raise PolicyUnavailable("the embedded policy client is closed")
+            version = self.policy_version  # captured under the lock: the weights cannot change until we finish
+            return self._generate_group(prompt, stops, max_tokens, temperature, seeds, version)
+
+    def _generate_group(
+        self,
+        prompt: tuple[int, ...],
+        stops: tuple[str, ...],
+        max_tokens: int,
+        temperature: float,
+        seeds: tuple[int | None, ...],
+        version: str,
+    ) -> list[Generation]:
+        """N continuations of one prompt, decoded together: one prefill, then one batched forward per step.
+
+        All active rows always have the same length (same prompt, one token each per step), so no padding or
+        attention mask is needed; a finished row is dropped from the batch and from the KV cache
+        (`DynamicCache.batch_select_indices`). The session's own KV cache (`self._cache`) is left alone.
+        """
+        import torch
+        from transformers import DynamicCache
+
+        rows = [_Row(self, s, stops, max_tokens, temperature, version) for s in seeds]
+        results: list[Generation | None] = [None] * len(rows)
+        with torch.inference_mode():
+            cache = DynamicCache(config=self._model.config)
+            ids = torch.tensor([prompt], dtype=torch.long)
+            out = self._model(input_ids=ids, **{self._cache_kw(): cache}, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1].float().expand(len(rows), -1)  # every row starts from the same prompt
+            active = list(range(len(rows)))  # row index of each batch position
+            batch = 1  # the cache's batch size (1 after the prefill)
+            while active:
+                keep: list[int] = []  # batch positions whose row goes on
+                for j, r in enumerate(active):
+                    done = rows[r].push(logits[j])
+                    if done is None:
+                        keep.append(j)
+                    else:
+                        results[r] = done
+                if not keep:
+                    break
+                if batch == 1:
+                    if len(keep) > 1:
+                        cache.batch_repeat_interleave(len(keep))
+                elif len(keep) < len(active):
+                    cache.batch_select_indices(torch.tensor(keep, dtype=torch.long))
+                active = [active[j] for j in keep]
+                batch = len(active)
+                step_ids = torch.tensor([[rows[r].ids[-1]] for r in active], dtype=torch.long)
+                out = self._model(input_ids=step_ids, **{self._cache_kw(): cache}, use_cache=True)
+                logits = out.logits[:, -1].float()
+        return [g for g in results if g is not None]
 
     def _finish(self, ids: list[int], logprobs: list[float], reason: str, stop: str | None, version: str) -> Generation:
         return Generation(
@@ -589,6 +679,57 @@ class TransformersPolicyClient:
             policy_version=version,
             token_source="server",
         )
+
+
+class _Row:
+    """One sequence being sampled: its seeded generator, tokens, logprobs, loop guard and end conditions.
+
+    The single-sequence and the group paths both sample through `push`, so a row of a group makes exactly the choices
+    the single path makes from the same logits and seed.
+    """
+
+    def __init__(
+        self,
+        client: TransformersPolicyClient,
+        seed: int | None,
+        stops: tuple[str, ...],
+        max_tokens: int,
+        temperature: float,
+        version: str,
+    ) -> None:
+        import torch
+
+        self.client, self.stops, self.max_tokens = client, stops, max_tokens
+        self.temperature, self.version = temperature, version
+        self.generator = torch.Generator()
+        self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.guard = LoopGuard()
+
+    def push(self, logits: torch.Tensor) -> Generation | None:
+        """Sample the next token from `logits` (1-D, float32); the finished Generation, or None to go on."""
+        import torch
+
+        if self.temperature > 0:
+            lp = torch.log_softmax(logits / self.temperature, dim=-1)
+            token = int(torch.multinomial(lp.exp(), 1, generator=self.generator).item())
+        else:
+            lp = torch.log_softmax(logits, dim=-1)
+            token = int(torch.argmax(lp).item())
+        client = self.client
+        if token in client.eos_token_ids:
+            return client._finish(self.ids, self.logprobs, "stop", None, self.version)
+        self.ids.append(token)
+        self.logprobs.append(float(lp[token].item()))
+        if self.stops:
+            hit = _earliest_stop(client.decode(self.ids), self.stops)
+            if hit is not None:
+                # this token completed the stop string (it was absent a step ago): keep it and stop here
+                return client._finish(self.ids, self.logprobs, "stop", hit[1], self.version)
+        if self.guard.looping(self.ids) or len(self.ids) >= self.max_tokens:
+            return client._finish(self.ids, self.logprobs, "length", None, self.version)
+        return None
 
 
 class LoopGuard:

@@ -187,10 +187,15 @@ def _judgement_and_rubrics(log: SessionLog, rec: SessionRecord) -> tuple[Judgeme
 async def _sample(policy: PolicyClient, messages: list[ChatMessage], m: int, max_tokens: int, temperature: float,
                   seed: int | None) -> tuple[PromptRecord, list[Generation]]:  # fmt: skip
     context = await policy.render_prompt(messages)
-    # All m requests go out at once (a server batches them, like vLLM's n=8); the in-process client serialises them.
+    seeds = [None if seed is None else seed + i for i in range(m)]
+    group = getattr(policy, "generate_group", None)
+    if callable(group):  # the embedded client decodes the m rows of one prompt together (one forward per step)
+        gens = await group(context, m, stop=[CLOSE_TAG], max_tokens=max_tokens, temperature=temperature, seeds=seeds)
+        return PromptRecord(context.text, tuple(context.token_ids), reflection_prompt_sha()), list(gens)
+    # All m requests go out at once (a server batches them, like vLLM's n=8).
     results = await asyncio.gather(
-        *(policy.generate(context, stop=[CLOSE_TAG], max_tokens=max_tokens, temperature=temperature,
-                          seed=None if seed is None else seed + i) for i in range(m)),
+        *(policy.generate(context, stop=[CLOSE_TAG], max_tokens=max_tokens, temperature=temperature, seed=s)
+          for s in seeds),
         return_exceptions=True,
     )  # fmt: skip
     for r in results:

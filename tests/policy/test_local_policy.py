@@ -385,3 +385,134 @@ def test_swap_waits_for_the_request_in_flight(lora_policy: TransformersPolicyCli
     assert in_flight == reference and in_flight.policy_version == "base"  # finished on the old weights
     assert after.policy_version == "policy@1"
     lora_policy.unload_adapter()
+
+
+# -- batched group generation (issue 16) ------------------------------------------------------------------------------
+
+
+def _singles(policy: TransformersPolicyClient, ctx: PromptContext, seeds: list[int], **kw: Any) -> list[Generation]:
+    return [_run(policy.generate(ctx, seed=s, **kw)) for s in seeds]
+
+
+def _same_rows(group: list[Generation], singles: list[Generation], abs_tol: float) -> None:
+    """Each row equals the single-sequence generation with its seed: ids, text, end, stop, version exactly, logprobs
+    within `abs_tol`."""
+    assert len(group) == len(singles)
+    for g, s in zip(group, singles, strict=True):
+        assert (g.token_ids, g.text, g.finish_reason, g.stop, g.policy_version, g.token_source) == (
+            s.token_ids, s.text, s.finish_reason, s.stop, s.policy_version, s.token_source)
+        assert g.logprobs == pytest.approx(s.logprobs, abs=abs_tol)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_group_equals_single_sequences_fp32(fp32_policy: TransformersPolicyClient, temperature: float) -> None:
+    # float32: a batched step computes the same logits as a one-row step up to summation order, so the sampled ids
+    # are the same and the logprobs agree to ~1e-5 (measured: at most 1.7e-5 over 40 tokens)
+    ctx = _run(fp32_policy.render_prompt(MESSAGES))
+    seeds = [11, 12, 13, 14]
+    kw: dict[str, Any] = {"stop": [], "max_tokens": 12, "temperature": temperature}
+    singles = _singles(fp32_policy, ctx, seeds, **kw)
+    cache_before = list(fp32_policy._cache_ids)
+    group = _run(fp32_policy.generate_group(ctx, len(seeds), seeds=seeds, **kw))
+    _same_rows(group, singles, abs_tol=1e-4)
+    for g in group:
+        _check_aligned(fp32_policy, g)
+    if temperature == 0:
+        assert len({g.token_ids for g in group}) == 1  # greedy: every row is the same continuation
+    else:
+        assert len({g.token_ids for g in group}) >= 2  # each row has its own generator
+    assert fp32_policy._cache_ids == cache_before  # the session's prefix-reuse cache is left alone
+
+
+def test_group_rows_finish_early_on_stop_strings_and_eos(fp32_policy: TransformersPolicyClient) -> None:
+    # Stop strings, EOS and max_tokens end each row on its own; the others go on in a smaller batch.
+    ctx = _run(fp32_policy.render_prompt(MESSAGES))
+    seeds = [0, 1, 2, 3, 4, 5]
+    kw: dict[str, Any] = {"stop": ["\n", "."], "max_tokens": 14, "temperature": 1.0}
+    singles = _singles(fp32_policy, ctx, seeds, **kw)
+    lengths = sorted(len(s.token_ids) for s in singles)
+    assert lengths[0] < lengths[-1], lengths  # rows really end at different steps
+    assert any(s.stop is not None for s in singles) and any(s.finish_reason == "length" for s in singles)
+    group = _run(fp32_policy.generate_group(ctx, len(seeds), seeds=seeds, **kw))
+    _same_rows(group, singles, abs_tol=1e-4)
+    for g in group:
+        _check_aligned(fp32_policy, g)
+        if g.stop is not None:
+            assert _near_end(g.stop, g.text) and g.text.count(g.stop) == 1  # the completing token is kept
+
+
+def test_group_with_a_lora_adapter(lora_policy: TransformersPolicyClient, adapters: list[Path]) -> None:
+    ctx = _run(lora_policy.render_prompt(MESSAGES))
+    base = _run(lora_policy.generate_group(ctx, 2, stop=[], max_tokens=8, temperature=1.0, seeds=[5, 6]))
+    lora_policy.load_adapter(adapters[0], "policy@1")
+    seeds = [5, 6, 7]
+    for temperature in (0.0, 1.0):
+        kw: dict[str, Any] = {"stop": ["\n"], "max_tokens": 10, "temperature": temperature}
+        singles = _singles(lora_policy, ctx, seeds, **kw)
+        group = _run(lora_policy.generate_group(ctx, len(seeds), seeds=seeds, **kw))
+        _same_rows(group, singles, abs_tol=1e-4)
+        assert {g.policy_version for g in group} == {"policy@1"}
+    tuned = _run(lora_policy.generate_group(ctx, 2, stop=[], max_tokens=8, temperature=1.0, seeds=[5, 6]))
+    moved = [abs(a - b) for t, b0 in zip(tuned, base, strict=True) for a, b in zip(t.logprobs, b0.logprobs)]
+    assert max(moved) > 1e-2  # the adapter acts on the group's rows
+
+
+def test_group_bf16_one_row_is_exact_and_rows_agree_to_rounding(
+    embedded_policy: TransformersPolicyClient, ctx: PromptContext, greedy: Generation
+) -> None:
+    # One row runs the same one-row forwards as `generate`: bitwise the same result.
+    (one,) = _run(embedded_policy.generate_group(ctx, 1, stop=[], max_tokens=16, temperature=0.0))
+    assert one == greedy
+    seeds = [7, 8, 9]
+    singles = _singles(embedded_policy, ctx, seeds, stop=[], max_tokens=8, temperature=1.0)
+    (first,) = _run(embedded_policy.generate_group(ctx, 1, stop=[], max_tokens=8, temperature=1.0, seeds=[7]))
+    assert first == singles[0]
+    # Several rows: bf16 matmuls over 3 rows round differently from one-row ones (logprobs differ by up to ~0.2,
+    # measured), so a sampled token can flip where two choices are nearly tied; the first token comes from the
+    # shared prefill and is always the same, and the rows agree to rounding until a flip.
+    group = _run(embedded_policy.generate_group(ctx, 3, stop=[], max_tokens=8, temperature=1.0, seeds=seeds))
+    for g, s in zip(group, singles, strict=True):
+        _check_aligned(embedded_policy, g)
+        assert g.token_ids[:1] == s.token_ids[:1] and g.logprobs[0] == s.logprobs[0]
+        k = next((i for i, (a, b) in enumerate(zip(g.token_ids, s.token_ids)) if a != b), len(g.token_ids))
+        assert g.logprobs[:k] == pytest.approx(s.logprobs[:k], abs=0.5)
+
+
+def test_group_bad_arguments_and_closed(smollm2_dir: Path, embedded_policy: TransformersPolicyClient,
+                                        ctx: PromptContext) -> None:
+    kw: dict[str, Any] = {"stop": [], "max_tokens": 4, "temperature": 0.0}
+    for n in (0, -1, 1.5, True):
+        with pytest.raises(ValueError):
+            _run(embedded_policy.generate_group(ctx, n, **kw))  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        _run(embedded_policy.generate_group(ctx, 2, seeds=[1], **kw))
+    with pytest.raises(ValueError):
+        _run(embedded_policy.generate_group(ctx, 2, stop=[""], max_tokens=4, temperature=0.0))
+    with pytest.raises(ContextTooLong):
+        _run(embedded_policy.generate_group(PromptContext("", (42,) * 8192), 2, **kw))
+    from agent.errors import PolicyUnavailable
+
+    closed = TransformersPolicyClient(smollm2_dir)
+    _run(closed.aclose())
+    with pytest.raises(PolicyUnavailable):
+        _run(closed.generate_group(ctx, 2, **kw))
+
+
+def test_swap_waits_for_the_group_in_flight(lora_policy: TransformersPolicyClient, adapters: list[Path]) -> None:
+    ctx = _run(lora_policy.render_prompt(MESSAGES))
+    kw: dict[str, Any] = {"stop": [], "max_tokens": 8, "temperature": 1.0, "seeds": [1, 2]}
+    reference = _run(lora_policy.generate_group(ctx, 2, **kw))
+    overlapped: list[bool] = []
+
+    async def go() -> tuple[list[Generation], list[Generation]]:
+        task = asyncio.create_task(lora_policy.generate_group(ctx, 2, **kw))
+        while not lora_policy.busy and not task.done():
+            await asyncio.sleep(0.001)
+        overlapped.append(lora_policy.busy and not task.done())
+        await lora_policy.aload_adapter(adapters[0], "policy@1")
+        return await task, await lora_policy.generate_group(ctx, 2, **kw)
+
+    in_flight, after = _run(go())
+    assert overlapped == [True], "the group finished before the swap began: the overlap was not exercised"
+    assert in_flight == reference and {g.policy_version for g in in_flight} == {"base"}  # all rows on the old weights
+    assert {g.policy_version for g in after} == {"policy@1"}

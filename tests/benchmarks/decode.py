@@ -1,0 +1,286 @@
+"""Benchmark (not a test): embedded SmolLM2 decode speed against the machine's memory bandwidth and llama.cpp.
+
+In one process, one after another (issue 16):
+
+(a) memory bandwidth: a numpy copy of a large array (bytes read + bytes written per second; the limits use it), and
+    a read-only float32 `sum` for reference (both single-threaded, best of 5);
+(b) the embedded policy (`TransformersPolicyClient`, bf16 by default) in tokens/s, greedy and sampled, on the base
+    weights and with the shipped LoRA adapter agent/adapters/smollm2-sft, for one sequence (`generate`) and for
+    groups of 4 and 8 samples of one prompt (`generate_group`, aggregate tokens/s);
+(c) llama-cpp-python in process (`llama_cpp.Llama`) on the bundled GGUF, greedy and sampled, same thread count;
+(d) every figure as a fraction of its bandwidth limit: bytes per token = the weights read per decode step (parameter
+    bytes in the precision in use; the GGUF file size for llama.cpp), limit = bandwidth / bytes per token, times the
+    group size for a group (one weight pass serves every row of a step);
+(e) with `--session`, one full research session at the demo's settings (`make demo`: the default Settings, the
+    shipped SFT adapter, --max-tool-calls 2, short_form) and its sampled tokens per second of session wall time,
+    compared with llama.cpp's sampled rate. It writes one session into the configured data folder, as the demo does.
+
+Tokens/s count the new tokens each call returned over its whole wall time (a ~40-token prompt's prefill included,
+for both engines). A generation may end before `--tokens` at EOS; the rate counts what was generated.
+
+On a machine shared with other jobs use `--threads 1`: two torch threads on two busy cores collapse (0.8 tok/s
+measured, against 19.6 with one thread).
+
+    .venv/bin/python tests/benchmarks/decode.py [--tokens 64] [--groups 4,8] [--reps 2] [--threads 2]
+        [--dtype bfloat16] [--session] [--out docs/decode/decode.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from agent.protocols import ChatMessage, PromptContext  # noqa: E402
+from learning.local_policy import TransformersPolicyClient, bundled_gguf_path, ensure_converted  # noqa: E402
+
+ADAPTER = ROOT / "agent" / "adapters" / "smollm2-sft"
+MODEL_CACHE = ROOT / ".cache" / "models"
+MESSAGES = [
+    ChatMessage("system", "You are a helpful assistant."),
+    ChatMessage("user", "Write a long, detailed essay about the history of the printing press in Europe."),
+]
+DEMO_Q = "What language were books being translated into during the era of Haymo of Faversham?"
+
+
+def bandwidth(mib: int, reps: int) -> dict[str, float]:
+    """Best of `reps` copies of a `mib`-MiB array (GB/s counting the read and the write) and read-only sums."""
+    import numpy as np
+
+    n = mib * 2**20
+    src = np.ones(n // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch every page first
+    copy, read = [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        copy.append(2 * n / (time.perf_counter() - t) / 1e9)
+        t = time.perf_counter()
+        float(src.sum())
+        read.append(n / (time.perf_counter() - t) / 1e9)
+    return {"array_mib": mib, "copy_gbps": round(max(copy), 2), "read_gbps": round(max(read), 2)}
+
+
+def _weight_bytes(policy: TransformersPolicyClient) -> int:
+    model = policy._model
+    return sum(p.numel() * p.element_size() for p in model.parameters())  # tied embeddings are counted once
+
+
+def embedded(args: argparse.Namespace, bw: float) -> list[dict[str, Any]]:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model_dir = ensure_converted(MODEL_CACHE)
+    policy = TransformersPolicyClient(model_dir, dtype=args.dtype)
+    ctx: PromptContext = asyncio.run(policy.render_prompt(MESSAGES))
+    rows = []
+    for adapter in (False, True):
+        if adapter:
+            policy.load_adapter(ADAPTER, "smollm2-sft")
+        wbytes = _weight_bytes(policy)
+        asyncio.run(policy.generate(ctx, stop=[], max_tokens=8, temperature=0.0))  # warm-up
+        for temperature in (0.0, 1.0):
+            for n in (1, *args.groups):
+                rates, tokens = [], []
+                for rep in range(args.reps):
+                    seeds = [1000 * rep + i for i in range(n)]
+                    t = time.perf_counter()
+                    if n == 1:
+                        gens = [asyncio.run(policy.generate(ctx, stop=[], max_tokens=args.tokens,
+                                                            temperature=temperature, seed=seeds[0]))]
+                    else:
+                        gens = asyncio.run(policy.generate_group(ctx, n, stop=[], max_tokens=args.tokens,
+                                                                 temperature=temperature, seeds=seeds))
+                    dt = time.perf_counter() - t
+                    k = sum(len(g.token_ids) for g in gens)
+                    rates.append(k / dt)
+                    tokens.append(k)
+                rate = max(rates)  # the least disturbed repetition (the machine is shared)
+                limit = n * bw / wbytes
+                rows.append({
+                    "engine": "torch", "dtype": args.dtype, "adapter": adapter, "mode": "greedy" if temperature == 0
+                    else "sampled", "n": n, "tokens": tokens, "tok_s": round(rate, 2),
+                    "tok_s_all": [round(r, 2) for r in rates], "bytes_per_step": wbytes,
+                    "limit_tok_s": round(limit, 1), "of_limit": round(rate / limit, 3),
+                })  # fmt: skip
+                print(f"  torch {args.dtype} adapter={adapter!s:5} {rows[-1]['mode']:7} n={n}: {rate:7.1f} tok/s",
+                      flush=True)
+    asyncio.run(policy.aclose())
+    return rows
+
+
+def llamacpp(args: argparse.Namespace, bw: float) -> list[dict[str, Any]]:
+    from llama_cpp import Llama
+
+    gguf = bundled_gguf_path()
+    llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads,
+                verbose=False, seed=0)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_converted(MODEL_CACHE)))
+    text = tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in MESSAGES], tokenize=False,
+                                         add_generation_prompt=True)
+    fbytes = gguf.stat().st_size
+    rows = []
+    llm.create_completion(text, max_tokens=8, temperature=0.0)  # warm-up
+    for temperature in (0.0, 1.0):
+        rates, tokens = [], []
+        for rep in range(args.reps):
+            llm.reset()  # no prompt cache between repetitions: every run prefills, like the embedded runs
+            t = time.perf_counter()
+            out = llm.create_completion(text, max_tokens=args.tokens, temperature=temperature, top_p=1.0, top_k=0,
+                                        min_p=0.0, repeat_penalty=1.0, seed=rep)
+            dt = time.perf_counter() - t
+            k = int(out["usage"]["completion_tokens"])
+            rates.append(k / dt)
+            tokens.append(k)
+        rate = max(rates)
+        limit = bw / fbytes
+        rows.append({
+            "engine": "llama.cpp", "dtype": "Q4_1 gguf", "adapter": False, "mode": "greedy" if temperature == 0
+            else "sampled", "n": 1, "tokens": tokens, "tok_s": round(rate, 2),
+            "tok_s_all": [round(r, 2) for r in rates], "bytes_per_step": fbytes, "limit_tok_s": round(limit, 1),
+            "of_limit": round(rate / limit, 3),
+        })  # fmt: skip
+        print(f"  llama.cpp {rows[-1]['mode']:7}: {rate:7.1f} tok/s", flush=True)
+    llm.close()
+    return rows
+
+
+def session(args: argparse.Namespace) -> dict[str, Any]:
+    """One `rubricem ask` at the demo's settings, in process; sampled tokens over the session's wall time."""
+    import torch
+
+    from agent.config import RunOptions
+    from app.container import build
+    from app.settings import Settings
+
+    torch.set_num_threads(args.threads)
+    settings = Settings()
+    values = settings.agent.defaults.model_dump() | {"max_tool_calls": 2, "format": "short_form", "seed": 0}
+    options = RunOptions.model_validate(values)
+    t0 = time.perf_counter()
+    services = build(settings, say=lambda *_: None, progress=None)
+    loaded = time.perf_counter() - t0
+    calls: list[dict[str, Any]] = []  # every policy.generate of the session: prompt length, new tokens, seconds
+    policy, generate = services.policy, services.policy.generate
+
+    async def timed(context: PromptContext, **kw: Any) -> Any:
+        t = time.perf_counter()
+        gen = await generate(context, **kw)
+        calls.append({"prompt_tokens": len(context.token_ids), "new_tokens": len(gen.token_ids),
+                      "seconds": round(time.perf_counter() - t, 3)})
+        return gen
+
+    policy.generate = timed  # an instance attribute shadows the method for this benchmark only
+
+    async def go() -> Any:
+        try:
+            return await services.research.run(DEMO_Q, options, source="cli")
+        finally:
+            await services.policy.aclose()
+
+    t = time.perf_counter()
+    outcome = asyncio.run(go())
+    wall = time.perf_counter() - t
+    sampled = [x for x in outcome.trajectory.turns if x.kind == "sampled"]
+    k = sum(len(x.token_ids) for x in sampled)
+    gen_s = sum(c["seconds"] for c in calls)
+    return {"question": DEMO_Q, "load_s": round(loaded, 1), "wall_s": round(wall, 1), "sampled_tokens": k,
+            "sampled_turns": len(sampled), "tool_calls": len(outcome.trajectory.tool_calls),
+            "sampled_tok_per_wall_s": round(k / wall, 2), "generate_calls": len(calls),
+            "generate_s": round(gen_s, 1), "generate_share_of_wall": round(gen_s / wall, 3),
+            "tok_per_generate_s": round(sum(c["new_tokens"] for c in calls) / gen_s, 2) if gen_s else None,
+            "max_prompt_tokens": max((c["prompt_tokens"] for c in calls), default=0), "calls": calls}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per generation (default 64)")
+    ap.add_argument("--groups", default="4,8", help="group sizes for generate_group (default 4,8)")
+    ap.add_argument("--reps", type=int, default=2, help="repetitions per figure; the best is kept (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="torch and llama.cpp threads (default 2)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--bandwidth-mib", type=int, default=512, help="array size for the bandwidth probe")
+    ap.add_argument("--session", action="store_true", help="also time one research session at the demo's settings")
+    ap.add_argument("--skip-llamacpp", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "decode" / "decode.json"))
+    args = ap.parse_args()
+    args.groups = [int(g) for g in args.groups.split(",") if g.strip()]
+
+    started = time.time()
+    load_before = os.getloadavg()
+    print("memory bandwidth ...", flush=True)
+    bw = bandwidth(args.bandwidth_mib, reps=5)
+    print(f"  copy {bw['copy_gbps']} GB/s, read {bw['read_gbps']} GB/s", flush=True)
+    limit_bw = bw["copy_gbps"] * 1e9
+    print("embedded policy ...", flush=True)
+    rows = embedded(args, limit_bw)
+    if not args.skip_llamacpp:
+        print("llama.cpp in process ...", flush=True)
+        rows += llamacpp(args, limit_bw)
+    result: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)), "machine": platform.processor() or
+        platform.machine(), "cpus": os.cpu_count(), "threads": args.threads, "tokens": args.tokens,
+        "reps": args.reps, "loadavg_before": [round(x, 2) for x in load_before], "bandwidth": bw,
+        "bandwidth_used_for_limits_gbps": bw["copy_gbps"], "rows": rows,
+    }  # fmt: skip
+
+    def find(engine: str, mode: str, n: int, adapter: bool = False) -> dict[str, Any] | None:
+        return next((r for r in rows if (r["engine"], r["mode"], r["n"], r["adapter"]) == (engine, mode, n, adapter)),
+                    None)
+
+    targets: dict[str, Any] = {}
+    one = find("torch", "sampled", 1)
+    if one:
+        targets["one_sequence_of_limit"] = one["of_limit"]
+        for g in args.groups:
+            grp = find("torch", "sampled", g)
+            if grp:
+                targets[f"group{g}_vs_one"] = round(grp["tok_s"] / one["tok_s"], 2)
+    lc = find("llama.cpp", "sampled", 1)
+    if one and lc:
+        targets["torch_one_vs_llamacpp"] = round(one["tok_s"] / lc["tok_s"], 3)
+    if args.session:
+        print("one research session at the demo's settings ...", flush=True)
+        result["session"] = s = session(args)
+        print(f"  {s['sampled_tokens']} sampled tokens in {s['wall_s']} s: {s['sampled_tok_per_wall_s']} tok/s; "
+              f"{s['generate_calls']} generate calls took {s['generate_s']} s ({s['tok_per_generate_s']} tok/s "
+              f"inside them), prompts up to {s['max_prompt_tokens']} tokens", flush=True)
+        if lc:
+            targets["session_vs_llamacpp"] = round(s["sampled_tok_per_wall_s"] / lc["tok_s"], 3)
+    result["targets"] = targets
+    result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    result["seconds"] = round(time.time() - started, 1)
+
+    print(f"\nbandwidth (numpy copy, read+write): {bw['copy_gbps']} GB/s; load average before "
+          f"{result['loadavg_before'][0]}, after {result['loadavg_after'][0]}")
+    head = f"{'engine':9} {'weights':10} {'adapter':7} {'mode':7} {'n':>2} {'tok/s':>8} {'limit':>8} {'of limit':>8}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['engine']:9} {r['dtype']:10} {'yes' if r['adapter'] else 'no':7} {r['mode']:7} {r['n']:>2} "
+              f"{r['tok_s']:>8.1f} {r['limit_tok_s']:>8.1f} {r['of_limit']:>8.3f}")
+    print("targets:", json.dumps(targets))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
