@@ -124,7 +124,9 @@ def test_evidence_teacher_cites_only_retrieved_gold_snippets(demo_search: object
         assert fmt != "exact_answer" or body.startswith("\\boxed{Latin}")
         quotes = re.findall(r"<cite id=[^>]*>(.*?)</cite>", body, re.DOTALL)
         assert quotes and all(len(q) <= CITE_CHARS for q in quotes)
-        assert traj.teacher == TEACHER_NAME == "evidence-chain/4"
+        assert traj.teacher == TEACHER_NAME == "evidence-chain/5"
+        # The first search is the question itself (the one query a small student copies reliably).
+        assert traj.tool_calls[0]["query"] == DEMO_Q.rstrip("?")
         # The answer is grounded: a verbatim window of the retrieved passage holding it is quoted in the review and
         # in the answer's citation, so the student learns to copy the answer from what it read.
         retrieved_text = " ".join(" ".join(seg.text.split()) for seg in traj.segments if seg.kind == "tool")
@@ -138,6 +140,23 @@ def test_evidence_teacher_cites_only_retrieved_gold_snippets(demo_search: object
         assert "Recovery of Aristotle" in evaluation
         texts.add(traj.segments[0].text)
     assert len(texts) > 1  # the wording varies with the seed
+
+
+def test_evidence_teacher_searches_the_question_first_then_the_hops_written_query(demo_search: object,
+                                                                                 demo_question: SFTQuestion) -> None:
+    teacher = EvidenceChainTeacher(demo_search)  # type: ignore[arg-type]
+    hit = asyncio.run(teacher.write(demo_question, "short_form", None, 0))
+    assert [c["query"] for c in hit.tool_calls][:1] == [DEMO_Q.rstrip("?")]
+    # A question that does not bring up the first hop's passage: its written query follows, and the miss stays in
+    # the trajectory as a recovery.
+    vague = replace(demo_question, question="Which language was it?")
+    miss = asyncio.run(teacher.write(vague, "short_form", None, 0))
+    queries = [c["query"] for c in miss.tool_calls]
+    assert queries[:2] == ["Which language was it", demo_question.hops[0].query]
+    assert rejection_reason(miss, TOOLS) is None
+    first_result = next(seg.text for seg in miss.segments if seg.kind == "model" and "<think>" in seg.text
+                        and "<structured_plan>" not in seg.text)
+    assert "step 1" in first_result.lower() or "reformulat" in first_result.lower()
 
 
 @pytest.mark.parametrize(("answer", "limit", "expected"), [
@@ -254,7 +273,7 @@ def test_generate_refuses_to_resume_a_folder_another_teacher_wrote(tmp_path: Pat
     older = path.read_text().replace(f'"teacher": "{TEACHER_NAME}"', '"teacher": "evidence-chain/1"')
     assert older != path.read_text()
     path.write_text(older)  # as an earlier version of the teacher left it
-    with pytest.raises(ValueError, match="evidence-chain/1, not evidence-chain/4"):
+    with pytest.raises(ValueError, match="evidence-chain/1, not evidence-chain/5"):
         asyncio.run(generate([demo_question], tmp_path, teacher, tools, variants=2))  # type: ignore[arg-type]
     assert path.read_text() == older  # nothing appended
 
