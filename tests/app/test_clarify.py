@@ -203,7 +203,7 @@ def test_a_plan_pause_expires_on_the_cli_path_before_the_model_loads(tmp_path: P
     assert run is not None and run.state == "expired" and svc.log.get(paused.session_id).status == "failed"
 
 
-def test_a_second_concurrent_resume_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_concurrent_resume_is_refused(tmp_path: Path) -> None:
     svc = service(tmp_path, clarify=False)
     paused = asyncio.run(svc.start(QUESTION, OPTIONS, approve_plan=True))
     assert isinstance(paused, ResearchPaused)
@@ -216,25 +216,37 @@ def test_a_second_concurrent_resume_is_refused(tmp_path: Path, monkeypatch: pyte
     assert runs.claim(seen) is False
     runs.set_state(sid, "awaiting_approval", pause=seen.pause, expires_at=seen.expires_at)
 
-    # Through the service: a resumer that read the row before another took the session over is refused, and the
-    # winner's run is untouched.
-    stale = runs.get(sid)
-    first = asyncio.run(svc.resume(sid, PlanDecision("accept")))
-    assert isinstance(first, ResearchOutcome)
-    late = service(tmp_path, clarify=False)
-    monkeypatch.setattr(SessionRuns, "get", lambda self, session_id: stale)
-    monkeypatch.setattr(late.log, "get", lambda session_id: _running(svc, session_id))
-    with pytest.raises(ResumeError, match="already being resumed by another request"):
-        asyncio.run(late.resume(sid, PlanDecision("accept")))
-    monkeypatch.undo()
+    # Through the service: two resumers race on the same paused session (two services, two threads, released
+    # together). Exactly one runs it to the end; the other is refused with a resume error and changes nothing.
+    import threading
+
+    racers = [service(tmp_path, clarify=False), service(tmp_path, clarify=False)]
+    gate = threading.Barrier(len(racers))
+    results: list[object] = [None] * len(racers)
+
+    def race(i: int) -> None:
+        gate.wait()
+        try:
+            results[i] = asyncio.run(racers[i].resume(sid, PlanDecision("accept")))
+        except ResumeError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(racers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    done = [r for r in results if isinstance(r, ResearchOutcome)]
+    refused = [r for r in results if isinstance(r, ResumeError)]
+    assert len(done) == 1 and len(refused) == 1, results
     assert svc.log.get(sid).status == "completed"
-
-
-def _running(svc: ResearchService, session_id: str):  # noqa: ANN202
-    """The session as a resumer saw it before the winner finished it (still running)."""
-    import dataclasses
-
-    return dataclasses.replace(svc.log.get(session_id), status="running")
+    # Each turn once: the same turns as one uncontested pause-and-accept of the same scripted session.
+    solo = service(tmp_path / "solo", clarify=False)
+    alone = asyncio.run(solo.start(QUESTION, OPTIONS, approve_plan=True))
+    assert isinstance(alone, ResearchPaused)
+    asyncio.run(solo.resume(alone.session_id, PlanDecision("accept")))
+    turns = [(t.stage, t.kind, t.text) for t in svc.log.get(sid).trajectory.turns]
+    assert turns == [(t.stage, t.kind, t.text) for t in solo.log.get(alone.session_id).trajectory.turns]
 
 
 def test_the_terminal_round_trip(tmp_path: Path) -> None:
