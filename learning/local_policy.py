@@ -513,13 +513,18 @@ class TransformersPolicyClient:
         self._cache_ids = []
         self._last_prompt = ()
 
-    def _generate_locked(
-        self, prompt: tuple[int, ...], stops: tuple[str, ...], max_tokens: int, temperature: float, seed: int | None
-    ) -> Generation:
+    @contextlib.contextmanager
+    def _holding_model(self) -> Iterator[str]:
+        """Hold the model lock on an open client; yields the policy version, which cannot change until released."""
         with self._lock:
             if self._closed:
                 raise PolicyUnavailable("the embedded policy client is closed")
-            version = self.policy_version  # captured under the lock: the weights cannot change until we finish
+            yield self.policy_version
+
+    def _generate_locked(
+        self, prompt: tuple[int, ...], stops: tuple[str, ...], max_tokens: int, temperature: float, seed: int | None
+    ) -> Generation:
+        with self._holding_model() as version:
             try:
                 return self._generate(prompt, stops, max_tokens, temperature, seed, version)
             except BaseException:
@@ -529,9 +534,7 @@ class TransformersPolicyClient:
     def _score_locked(self, prompt: tuple[int, ...], cont: tuple[int, ...], temperature: float) -> tuple[float, ...]:
         import torch
 
-        with self._lock:
-            if self._closed:
-                raise PolicyUnavailable("the embedded policy client is closed")
+        with self._holding_model():
             ids = torch.tensor([prompt + cont], dtype=torch.long)
             with torch.inference_mode():
                 logits = self._model(input_ids=ids, use_cache=False, logits_to_keep=len(cont) + 1).logits[0, :-1]
@@ -543,7 +546,6 @@ class TransformersPolicyClient:
 
     def _prefill(self, prompt: tuple[int, ...]) -> torch.Tensor:
         """Run the prompt through the model (reusing the cache when allowed); return the last position's logits."""
-        import torch
         from transformers import DynamicCache
 
         start = 0
@@ -563,10 +565,9 @@ class TransformersPolicyClient:
             self._cache = DynamicCache(config=self._model.config)
             self._cache_ids = []
         self._last_prompt = prompt
-        ids = torch.tensor([prompt[start:]], dtype=torch.long)
-        out = self._model(input_ids=ids, **{self._cache_kw(): self._cache}, use_cache=True, logits_to_keep=1)
+        logits = self._forward([list(prompt[start:])], self._cache, logits_to_keep=1)
         self._cache_ids.extend(prompt[start:])
-        return out.logits[0, -1].float()
+        return logits[0]
 
     def _cache_kw(self) -> str:
         """The forward argument that takes the KV cache: `cache` from transformers 5.2x, `past_key_values` before
@@ -577,14 +578,18 @@ class TransformersPolicyClient:
             self._cache_arg = "cache" if "cache" in params else "past_key_values"
         return self._cache_arg
 
-    def _step(self, token: int) -> torch.Tensor:
+    def _forward(self, ids: list[list[int]], cache: Any, **kw: Any) -> torch.Tensor:
+        """One forward of `ids` (one row per sequence) over `cache`; each row's last-position logits, in float32."""
         import torch
 
-        out = self._model(
-            input_ids=torch.tensor([[token]], dtype=torch.long), **{self._cache_kw(): self._cache}, use_cache=True
-        )
+        out = self._model(input_ids=torch.tensor(ids, dtype=torch.long), **{self._cache_kw(): cache}, use_cache=True,
+                          **kw)
+        return out.logits[:, -1].float()
+
+    def _step(self, token: int) -> torch.Tensor:
+        logits = self._forward([[token]], self._cache)
         self._cache_ids.append(token)
-        return out.logits[0, -1].float()
+        return logits[0]
 
     def _generate(
         self,
@@ -614,10 +619,7 @@ class TransformersPolicyClient:
         temperature: float,
         seeds: tuple[int | None, ...],
     ) -> list[Generation]:
-        with self._lock:
-            if self._closed:
-                raise PolicyUnavailable("the embedded policy client is closed")
-            version = self.policy_version  # captured under the lock: the weights cannot change until we finish
+        with self._holding_model() as version:
             return self._generate_group(prompt, stops, max_tokens, temperature, seeds, version)
 
     def _generate_group(
@@ -642,9 +644,7 @@ class TransformersPolicyClient:
         results: list[Generation | None] = [None] * len(rows)
         with torch.inference_mode():
             cache = DynamicCache(config=self._model.config)
-            ids = torch.tensor([prompt], dtype=torch.long)
-            out = self._model(input_ids=ids, **{self._cache_kw(): cache}, use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1].float().expand(len(rows), -1)  # every row starts from the same prompt
+            logits = self._forward([list(prompt)], cache, logits_to_keep=1).expand(len(rows), -1)  # one prompt
             active = list(range(len(rows)))  # row index of each batch position
             batch = 1  # the cache's batch size (1 after the prefill)
             while active:
@@ -664,9 +664,7 @@ class TransformersPolicyClient:
                     cache.batch_select_indices(torch.tensor(keep, dtype=torch.long))
                 active = [active[j] for j in keep]
                 batch = len(active)
-                step_ids = torch.tensor([[rows[r].ids[-1]] for r in active], dtype=torch.long)
-                out = self._model(input_ids=step_ids, **{self._cache_kw(): cache}, use_cache=True)
-                logits = out.logits[:, -1].float()
+                logits = self._forward([[rows[r].ids[-1]] for r in active], cache)
         return [g for g in results if g is not None]
 
     def _finish(self, ids: list[int], logprobs: list[float], reason: str, stop: str | None, version: str) -> Generation:
