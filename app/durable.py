@@ -10,6 +10,7 @@ contiguous token sequence.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -71,13 +72,6 @@ class DurableSessions:
         return at.isoformat(timespec="seconds")
 
 
-def expired(expires_at: str | None, now: datetime | None = None) -> bool:
-    """Whether a pause's expiry time has passed."""
-    if not expires_at:
-        return False
-    return datetime.fromisoformat(expires_at) <= (now or datetime.now(UTC))
-
-
 def expiry_reason(run: RunState) -> str:
     """Why a paused session ended when its pause expired."""
     what = ("the clarifying question waited for an answer" if run.pause_kind == "clarification"
@@ -103,12 +97,17 @@ def end_if_expired(log: SessionLog, durable: DurableSessions, run: RunState | No
     if run is None or not run.expired():
         return None
     reason = mark_expired(log, run)
-    if not durable.keep_checkpoints:
-        try:
-            asyncio.run(_delete_threads(durable.target, [run.thread_id]))
-        except Exception:  # noqa: BLE001 - leftover checkpoints cost disk, not correctness
-            pass
+    asyncio.run(prune_ended(durable, run.thread_id))
     return reason
+
+
+async def prune_ended(durable: DurableSessions, thread_id: str) -> None:
+    """Delete an ended session's checkpoints unless they are kept; a failure here is ignored (leftover checkpoints
+    cost disk, not correctness)."""
+    if durable.keep_checkpoints:
+        return
+    with contextlib.suppress(Exception):
+        await _delete_threads(durable.target, [thread_id])
 
 
 async def _delete_threads(target: CheckpointTarget, thread_ids: Sequence[str]) -> None:

@@ -17,7 +17,7 @@ from agent.config import RunOptions
 from agent.deps import AgentDeps
 from agent.graph import build_graph
 from agent.tools.ids import CallIdFactory
-from app.durable import ResumeError, mark_expired
+from app.durable import ResumeError, mark_expired, prune_ended
 from store.errors import InvalidInput
 from store.records import SessionRecord
 from store.session_log.checkpoints import PlanApproval, RunStateName
@@ -59,12 +59,7 @@ async def prepare_resume(
 
     if run.expired():
         failure = RunFailedError(sid, mark_expired(service.log, run))
-        if not durable.keep_checkpoints:  # the session has ended: its checkpoints go, as on any end
-            try:
-                async with open_checkpointer(durable.target) as cp:
-                    await cp.adelete_thread(run.thread_id)
-            except Exception:  # noqa: BLE001 - leftover checkpoints cost disk, not correctness
-                pass
+        await prune_ended(durable, run.thread_id)  # the session has ended: its checkpoints go, as on any end
         raise failure
     if waiting and decision is None:
         if asks:

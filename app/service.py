@@ -363,17 +363,17 @@ class ResearchService:
                 result = await execute_durable(sid, question, prompt, deps, checkpointer=cp, thread_id=sid,
                                                start=start, resume_value=resume_value, injected_bank_items=injected,
                                                clarify_with=clarify_with)
-                if isinstance(result, PausedRun) and result.question is not None:
+                if isinstance(result, PausedRun):  # a clarifying question before the plan, or the plan itself
                     expires = durable.expiry()
-                    durable.runs.set_state(sid, "awaiting_approval", expires_at=expires,
-                                           pause={"kind": "clarification", "question": result.question})
-                    sink(ev.ClarificationRequested(sid, result.question, expires))
+                    if result.question is not None:
+                        pause: dict[str, Any] = {"kind": "clarification", "question": result.question}
+                        paused: ev.Event = ev.ClarificationRequested(sid, result.question, expires)
+                    else:
+                        pause = result.plan.to_dict()
+                        paused = ev.PlanAwaitingApproval(sid, pause, expires)
+                    durable.runs.set_state(sid, "awaiting_approval", pause=pause, expires_at=expires)
+                    sink(paused)
                     return ResearchPaused(sid, result.plan, expires, question=result.question)
-                if isinstance(result, PausedRun):
-                    expires = durable.expiry()
-                    durable.runs.set_state(sid, "awaiting_approval", pause=result.plan.to_dict(), expires_at=expires)
-                    sink(ev.PlanAwaitingApproval(sid, result.plan.to_dict(), expires))
-                    return ResearchPaused(sid, result.plan, expires)
                 if isinstance(result, RejectedRun):
                     self.log.finish(sid, "failed", error=REJECTED_ERROR,
                                     metrics={"seconds": round(time.monotonic() - started, 3), "rejected": True})
