@@ -151,8 +151,12 @@ def withhold_question(item: BankItem) -> BankItem:
 
 def retention(item: BankItem, now: datetime, half_life_days: float) -> float:
     """Eviction priority: the score halved every `half_life_days` of age (higher is kept)."""
-    age_days = max(0.0, (now - _parse_time(item.created_at)).total_seconds() / 86400.0)
-    return item.score * 0.5 ** (age_days / half_life_days)
+    return decayed_score(item.score, (now - _parse_time(item.created_at)).total_seconds(), half_life_days)
+
+
+def decayed_score(score: float, age_seconds: float, half_life_days: float) -> float:
+    """`score` halved every `half_life_days` of `age_seconds` (a negative age counts as 0)."""
+    return score * 0.5 ** (max(0.0, age_seconds / 86400.0) / half_life_days)
 
 
 def _metadata(item: BankItem) -> dict[str, str | float]:
@@ -672,11 +676,10 @@ class RubricBank:
         for attempt in range(2):
             if self._retained is None or len(self._retained) != n or attempt:
                 self._retained = dict(self._scan_retained())
-            now_ts = self._clock().timestamp()
-            per_half_life = self.config.half_life_days * 86400.0
-            # retention() on cached numbers: score * 0.5 ** (age / half-life), ties to the older item.
+            now_ts, half_life = self._clock().timestamp(), self.config.half_life_days
+            # retention() on the cached (score, created_ts, question_sha); ties go to the older item.
             victims = heapq.nsmallest(excess, self._retained.items(), key=lambda kv: (
-                kv[1][0] * 0.5 ** (max(0.0, now_ts - kv[1][1]) / per_half_life), kv[1][1]))
+                decayed_score(kv[1][0], now_ts - kv[1][1], half_life), kv[1][1]))
             ids = [i for i, _ in victims]
             with chroma_errors("read the rubric bank", BankError):
                 present = set(self._collection.get(ids=ids, include=[])["ids"])
