@@ -7,6 +7,7 @@ of the project's record types, so a checkpoint can never revive an arbitrary cla
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -57,6 +58,10 @@ def serializer() -> JsonPlusSerializer:
     return StateSerializer(allowed_msgpack_modules=list(STATE_TYPES))
 
 
+# The advisory lock that serialises the checkpoint tables' migrations across hosts.
+CHECKPOINT_SETUP_LOCK = "rubricem.checkpoint.setup"
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointTarget:
     """Where checkpoints go: a SQLite file, or a PostgreSQL database URL (exactly one)."""
@@ -74,6 +79,12 @@ class CheckpointTarget:
         if self.sqlite_path is not None:
             return str(self.sqlite_path)
         return "postgresql://" + str(self.database_url).rsplit("@", 1)[-1]
+
+
+async def _try_lock(conn: Any, key: int) -> bool:
+    cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS taken", (key,))
+    row = await cur.fetchone()  # the saver's connection returns rows as dicts
+    return bool(row["taken"])
 
 
 @asynccontextmanager
@@ -95,6 +106,19 @@ async def open_checkpointer(target: CheckpointTarget) -> AsyncIterator[BaseCheck
         return
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
+    from store.db.dialect import advisory_key
+
     async with AsyncPostgresSaver.from_conn_string(str(target.database_url), serde=serializer()) as pg:
-        await pg.setup()  # idempotent: creates or migrates the checkpoint tables
+        # setup() is idempotent for one caller but not for several at once: hosts starting together on a fresh
+        # database would each insert the same migration row. A session advisory lock runs them one after another.
+        # It is polled with pg_try_advisory_lock, not awaited with pg_advisory_lock: a waiter blocked inside a
+        # statement is an open transaction, and the holder's CREATE INDEX CONCURRENTLY waits for every open
+        # transaction to end, which PostgreSQL reports as a deadlock.
+        key = advisory_key(CHECKPOINT_SETUP_LOCK)
+        while not await _try_lock(pg.conn, key):
+            await asyncio.sleep(0.05)
+        try:
+            await pg.setup()  # creates or migrates the checkpoint tables
+        finally:
+            await pg.conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
         yield pg
