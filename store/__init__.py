@@ -2,43 +2,85 @@
 errors.
 
 Imports nothing from the rest of the project and never imports torch (checked by the boundary tests).
+
+Names are imported on first use (PEP 562), so importing one light submodule (the records, the tool names) does not
+load the session log's database drivers and pydantic settings.
 """
 
-from store.config import StoreConfig
-from store.errors import (
-    DuplicateSession,
-    InvalidInput,
-    LockHeld,
-    MigrationError,
-    SessionNotCompleted,
-    SessionNotFound,
-    SessionNotRunning,
-    SessionStateError,
-    StorageError,
-    StoreBusy,
-    StoreClosed,
-    StoreError,
-    StoreUnreachable,
-)
-from store.records import (
-    STAGES,
-    FinishReason,
-    PromptRecord,
-    SessionRecord,
-    SessionStatus,
-    Snippet,
-    Stage,
-    TokenSource,
-    ToolCallRecord,
-    Trajectory,
-    Turn,
-    TurnKind,
-    loss_mask,
-    sha256_text,
-    stage_spans,
-    token_stages,
-)
-from store.session_log import SessionLog, SessionSummary
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from store.config import StoreConfig
+    from store.errors import (
+        DuplicateSession,
+        InvalidInput,
+        LockHeld,
+        MigrationError,
+        SessionNotCompleted,
+        SessionNotFound,
+        SessionNotRunning,
+        SessionStateError,
+        StorageError,
+        StoreBusy,
+        StoreClosed,
+        StoreError,
+        StoreUnreachable,
+    )
+    from store.records import (
+        STAGES,
+        FinishReason,
+        PromptRecord,
+        SessionRecord,
+        SessionStatus,
+        Snippet,
+        Stage,
+        TokenSource,
+        ToolCallRecord,
+        Trajectory,
+        Turn,
+        TurnKind,
+        loss_mask,
+        sha256_text,
+        stage_spans,
+        token_stages,
+    )
+    from store.session_log import SessionLog, SessionSummary
+
+_EXPORTS: dict[str, str] = {
+    "StoreConfig": "store.config",
+    "DuplicateSession": "store.errors",
+    "InvalidInput": "store.errors",
+    "LockHeld": "store.errors",
+    "MigrationError": "store.errors",
+    "SessionNotCompleted": "store.errors",
+    "SessionNotFound": "store.errors",
+    "SessionNotRunning": "store.errors",
+    "SessionStateError": "store.errors",
+    "StorageError": "store.errors",
+    "StoreBusy": "store.errors",
+    "StoreClosed": "store.errors",
+    "StoreError": "store.errors",
+    "StoreUnreachable": "store.errors",
+    "STAGES": "store.records",
+    "FinishReason": "store.records",
+    "PromptRecord": "store.records",
+    "SessionRecord": "store.records",
+    "SessionStatus": "store.records",
+    "Snippet": "store.records",
+    "Stage": "store.records",
+    "TokenSource": "store.records",
+    "ToolCallRecord": "store.records",
+    "Trajectory": "store.records",
+    "Turn": "store.records",
+    "TurnKind": "store.records",
+    "loss_mask": "store.records",
+    "sha256_text": "store.records",
+    "stage_spans": "store.records",
+    "token_stages": "store.records",
+    "SessionLog": "store.session_log",
+    "SessionSummary": "store.session_log",
+}
 
 __all__ = [
     "DuplicateSession",
@@ -74,3 +116,16 @@ __all__ = [
     "stage_spans",
     "token_stages",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -16,7 +16,7 @@ from agent.nodes.research import tool_output_budget
 from agent.parse import ParsedCall
 from agent.sequence import SequenceWriter
 from agent.state import ResearchState
-from agent.tools.registry import resolve_tool_name
+from agent.tools.names import resolve_tool_name
 from store.records import Snippet, ToolCallRecord
 
 MAX_QUERY_CHARS = 2000

@@ -1,14 +1,41 @@
-"""The agent's tools: local document search, web and paper search APIs, guarded page browsing and MCP servers' tools."""
+"""The agent's tools: local document search, web and paper search APIs, guarded page browsing and MCP servers' tools.
 
-from agent.tools.browse import BrowseWebpage
-from agent.tools.ids import CallIdFactory, CounterCallIds, is_snippet_id, snippet_id
-from agent.tools.local_search import LocalSearch
-from agent.tools.mcp_client import McpTool
-from agent.tools.registry import BUILTIN_TOOL_NAMES, TOOL_ALIASES, build_tools, resolve_tool_name
-from agent.tools.searxng import SearxngSearch
-from agent.tools.semantic_scholar import SnippetSearch
-from agent.tools.serper import GoogleSearch
-from agent.tools.web import WebPageFetcher, check_url
+Names are imported on first use (PEP 562), so importing one light submodule (the records, the tool names) does not
+load Chroma, the HTTP clients and the MCP SDK.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.tools.browse import BrowseWebpage
+    from agent.tools.ids import CallIdFactory, CounterCallIds, is_snippet_id, snippet_id
+    from agent.tools.local_search import LocalSearch
+    from agent.tools.mcp_client import McpTool
+    from agent.tools.registry import BUILTIN_TOOL_NAMES, TOOL_ALIASES, build_tools, resolve_tool_name
+    from agent.tools.searxng import SearxngSearch
+    from agent.tools.semantic_scholar import SnippetSearch
+    from agent.tools.serper import GoogleSearch
+    from agent.tools.web import WebPageFetcher, check_url
+
+_EXPORTS: dict[str, str] = {
+    "BrowseWebpage": "agent.tools.browse",
+    "CallIdFactory": "agent.tools.ids",
+    "CounterCallIds": "agent.tools.ids",
+    "is_snippet_id": "agent.tools.ids",
+    "snippet_id": "agent.tools.ids",
+    "LocalSearch": "agent.tools.local_search",
+    "McpTool": "agent.tools.mcp_client",
+    "BUILTIN_TOOL_NAMES": "agent.tools.registry",
+    "TOOL_ALIASES": "agent.tools.registry",
+    "build_tools": "agent.tools.registry",
+    "resolve_tool_name": "agent.tools.registry",
+    "SearxngSearch": "agent.tools.searxng",
+    "SnippetSearch": "agent.tools.semantic_scholar",
+    "GoogleSearch": "agent.tools.serper",
+    "WebPageFetcher": "agent.tools.web",
+    "check_url": "agent.tools.web",
+}
 
 __all__ = [
     "BUILTIN_TOOL_NAMES",
@@ -28,3 +55,16 @@ __all__ = [
     "resolve_tool_name",
     "snippet_id",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

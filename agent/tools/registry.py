@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from agent.config import AgentConfig
 from agent.protocols import SearchTool
 from agent.tools.browse import BrowseWebpage
@@ -11,33 +9,11 @@ from agent.tools.local_search import LocalSearch
 from agent.tools.searxng import SearxngSearch
 from agent.tools.semantic_scholar import SnippetSearch
 from agent.tools.serper import GoogleSearch
+from agent.tools.names import BUILTIN_TOOL_NAMES, TOOL_ALIASES, normalise_tool_name, resolve_tool_name
 from agent.tools.web import WebPageFetcher
 from store.doc_index import DocIndex
 
-BUILTIN_TOOL_NAMES = frozenset({"local_search", "google_search", "snippet_search", "web_search", "browse_webpage"})
-"""Names only the built-in tools may carry, configured or not (an MCP tool by one of these names is refused)."""
-
-TOOL_ALIASES: Mapping[str, tuple[str, ...]] = {
-    # alias (normalised: lower case, "-" and " " as "_") -> canonical names, first available wins
-    "google_web_search": ("google_search", "web_search"),
-    "google": ("google_search", "web_search"),
-    "search": ("google_search", "web_search", "local_search"),
-    "web_search": ("web_search", "google_search"),
-    "searxng": ("web_search",),
-    "scholar_search": ("snippet_search",),
-    "semantic_scholar": ("snippet_search",),
-    "paper_search": ("snippet_search",),
-    "snippet": ("snippet_search",),
-    "browse": ("browse_webpage",),
-    "web_browse": ("browse_webpage",),
-    "browse_url": ("browse_webpage",),
-    "open_url": ("browse_webpage",),
-    "fetch_url": ("browse_webpage",),
-    "search_local": ("local_search",),
-    "local": ("local_search",),
-    "document_search": ("local_search",),
-    "retrieve": ("local_search",),
-}
+__all__ = ["BUILTIN_TOOL_NAMES", "TOOL_ALIASES", "build_tools", "normalise_tool_name", "resolve_tool_name"]
 
 
 def build_tools(
@@ -73,21 +49,3 @@ def build_tools(
         )
         tools["browse_webpage"] = BrowseWebpage(fetcher)
     return tools
-
-
-def normalise_tool_name(name: str) -> str:
-    """Lower case, surrounding space and quotes removed, "-" and inner spaces as "_"."""
-    return "_".join(name.strip().strip("\"'").lower().replace("-", " ").split())
-
-
-def resolve_tool_name(name: str, tools: Mapping[str, SearchTool]) -> str | None:
-    """The canonical name of an available tool that `name` refers to, or None if it names none of them."""
-    if name in tools:
-        return name
-    key = normalise_tool_name(name)
-    if key in tools:
-        return key
-    for candidate in TOOL_ALIASES.get(key, ()):
-        if candidate in tools:
-            return candidate
-    return None

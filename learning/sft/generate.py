@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.protocols import SearchTool
-from agent.run import scaffold_messages
 from learning.sft.questions import FORMATS, SFTQuestion
 from learning.sft.trajectory import TEACHER_ERROR, TOO_LONG, Segment, Trajectory, postprocess, rejection_reason, to_example
 
@@ -122,6 +121,9 @@ async def generate(
             `context_tokens` is rejected as `too_long`, never truncated.
         progress: called with (key, outcome) after each line is written.
     """
+    # Imported here: the graph (LangGraph, the nodes, the report) is only needed to generate, not to read the data.
+    from agent.run import scaffold_messages
+
     if variants < 1 or concurrency < 1:
         raise ValueError("variants and concurrency must be at least 1")
     out_dir.mkdir(parents=True, exist_ok=True)

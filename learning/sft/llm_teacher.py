@@ -24,7 +24,7 @@ from agent.parse import CallParseError, parse_tool_call
 from agent.prompts import render as render_agent_prompt
 from agent.protocols import SearchTool
 from agent.tools.ids import CallIdFactory
-from agent.tools.registry import resolve_tool_name
+from agent.tools.names import resolve_tool_name
 from learning.judge.client import chat_completions_url
 from learning.prompts import render
 from learning.sft.questions import SFTQuestion

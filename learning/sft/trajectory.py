@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from agent.parse import CallParseError, parse_tool_call
 from agent.protocols import ChatMessage
-from agent.tools.registry import resolve_tool_name
+from agent.tools.names import resolve_tool_name
 
 SegmentKind = Literal["model", "tool"]
 
