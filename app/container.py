@@ -68,7 +68,8 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
         model_dir = ensure_converted(settings.store.model_cache)
     adapter = base_adapter(settings)
     version = adapter_version(adapter) if adapter is not None else "base"
-    return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=adapter, version=version)
+    return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=adapter, version=version,
+                                    decode_attention=cfg.embedded_decode_attention)
 
 
 def base_adapter(settings: Settings) -> Path | None:

@@ -219,6 +219,7 @@ class TransformersPolicyClient:
         version: str = "base",
         threads: int | None = None,
         reuse_prefix: bool = True,
+        decode_attention: str = "eager",
     ) -> None:
         """Load the tokenizer and model (blocking, about 0.3 s for the converted SmolLM2).
 
@@ -229,12 +230,16 @@ class TransformersPolicyClient:
             version: the policy version name; the base model's when no adapter is given, else the adapter's.
             threads: torch intra-op threads (process-wide setting); None keeps torch's default.
             reuse_prefix: reuse the KV cache when a prompt extends the previous one (see the class docstring).
+            decode_attention: "eager" or "sdpa", the attention kernel of one-token decode steps (`_use_attention`).
         """
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if dtype not in ("bfloat16", "float32"):
             raise ValueError(f"dtype must be 'bfloat16' or 'float32', not {dtype!r}")
+        if decode_attention not in ("eager", "sdpa"):
+            raise ValueError(f"decode_attention must be 'eager' or 'sdpa', not {decode_attention!r}")
+        self._decode_attention = decode_attention
         if threads is not None:
             torch.set_num_threads(int(threads))
         self._model_dir = Path(model_dir)
@@ -536,6 +541,7 @@ class TransformersPolicyClient:
 
         with self._holding_model():
             ids = torch.tensor([prompt + cont], dtype=torch.long)
+            self._use_attention(ids.shape[1])
             with torch.inference_mode():
                 logits = self._model(input_ids=ids, use_cache=False, logits_to_keep=len(cont) + 1).logits[0, :-1]
                 logits = logits.float()
@@ -582,9 +588,23 @@ class TransformersPolicyClient:
         """One forward of `ids` (one row per sequence) over `cache`; each row's last-position logits, in float32."""
         import torch
 
+        self._use_attention(len(ids[0]))
         out = self._model(input_ids=torch.tensor(ids, dtype=torch.long), **{self._cache_kw(): cache}, use_cache=True,
                           **kw)
         return out.logits[:, -1].float()
+
+    def _use_attention(self, new_tokens: int) -> None:
+        """The attention kernel for a forward of `new_tokens` positions per row.
+
+        Measured on this CPU (tests/benchmarks/attention_context.py, one thread): a one-token step behind a 3,000-token
+        cache takes 156 ms with `sdpa` and 82 ms with `eager`, while a 3,000-token prompt takes 15 s with `sdpa` and
+        49 s with `eager` (eager writes out every query-key score). So prompts and scoring run `sdpa`, decode steps
+        `eager` (the `decode_attention` argument; "sdpa" keeps one kernel throughout); both read the same KV cache,
+        and the switch (transformers' `set_attn_implementation`) is a config change, made only when the phase changes.
+        """
+        want = self._decode_attention if new_tokens == 1 else "sdpa"
+        if self._model.config._attn_implementation != want:
+            self._model.set_attn_implementation(want)
 
     def _step(self, token: int) -> torch.Tensor:
         logits = self._forward([[token]], self._cache)

@@ -516,3 +516,19 @@ def test_swap_waits_for_the_group_in_flight(lora_policy: TransformersPolicyClien
     assert overlapped == [True], "the group finished before the swap began: the overlap was not exercised"
     assert in_flight == reference and {g.policy_version for g in in_flight} == {"base"}  # all rows on the old weights
     assert {g.policy_version for g in after} == {"policy@1"}
+
+
+def test_decode_behind_a_long_prompt_matches_a_full_forward_pass(fp32_policy: TransformersPolicyClient) -> None:
+    """Decode steps run a different attention kernel than prompts and scoring (eager against sdpa, see
+    `TransformersPolicyClient._use_attention`): behind a ~1,500-token prompt, where the kernels differ most, the
+    sampler's log-probs equal the scoring pass's, and a second generation after scoring is unchanged."""
+    passage = " ".join(f"Item {i} is the colour number {i % 7} of the list." for i in range(120))
+    messages = [ChatMessage("user", passage + "\nWhich colour number has item 57?")]
+    ctx = _run(fp32_policy.render_prompt(messages))
+    assert len(ctx.token_ids) > 1200
+    gen = _run(fp32_policy.generate(ctx, stop=[], max_tokens=12, temperature=0.0))
+    assert gen.logprobs == pytest.approx(_run(fp32_policy.score(ctx, gen.token_ids, temperature=0.0)), abs=1e-3)
+    fresh = PromptContext("", ctx.token_ids)
+    again = _run(fp32_policy.generate(fresh, stop=[], max_tokens=12, temperature=0.0))
+    assert again.token_ids == gen.token_ids
+    assert again.logprobs == pytest.approx(gen.logprobs, abs=1e-4)
