@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from learning.head_loss import linear_logprobs, split_head
 from store.records import STAGES, Trajectory, Turn
 
 
@@ -127,15 +128,27 @@ def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float =
     """log π(token | prefix) for every response position, (B, T); padding positions hold garbage the mask removes.
 
     The logits at input index j predict token j + 1, so response token t of row b (input index p_b + t) is read from
-    logits index p_b + t - 1. Only the positions from the shortest prompt's end onwards go through the LM head
-    (`logits_to_keep`), so prompt tokens cost no vocabulary projection.
+    logits index p_b + t - 1. On one process with a plain head (`learning.head_loss.split_head`) the decoder runs
+    alone and only the response positions' hidden states go through `linear_logprobs`, which never holds the
+    (B, T, vocabulary) logits (at 8B shape they made the update's peak memory ×1.9 TRL's). Otherwise the model's own
+    forward, with only the positions from the shortest prompt's end onwards through the LM head (`logits_to_keep`).
     """
+    b, t = batch.targets.shape
+    split = split_head(model)
+    if split is not None:
+        decoder, head = split
+        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                         use_cache=False).last_hidden_state  # (B, L, D)
+        positions = batch.prompt_lens.unsqueeze(1) - 1 + torch.arange(t, device=hidden.device).unsqueeze(0)
+        positions = positions.clamp(max=hidden.shape[1] - 1)  # (B, T)
+        picked = hidden.gather(1, positions.unsqueeze(-1).expand(b, t, hidden.shape[-1]))  # (B, T, D)
+        flat = linear_logprobs(picked.reshape(b * t, -1), head.weight, batch.targets.reshape(-1), temperature)
+        return flat.view(b, t).float()
     width = batch.input_ids.shape[1]
     first = int(batch.prompt_lens.min()) - 1  # the earliest logits position any response needs
     keep = width - first
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, logits_to_keep=keep)
     logits = out.logits  # (B, keep, V): input positions first .. width-1
-    b, t = batch.targets.shape
     positions = batch.prompt_lens.unsqueeze(1) - 1 - first + torch.arange(t, device=logits.device).unsqueeze(0)
     positions = positions.clamp(max=logits.shape[1] - 1)  # (B, T)
     picked = logits.gather(1, positions.unsqueeze(-1).expand(b, t, logits.shape[-1]))  # (B, T, V)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from learning.head_loss import linear_cross_entropy
+from learning.head_loss import linear_cross_entropy, split_head
 from learning.memory import release_freed_memory
 from learning.model import LoraSettings, load_trainable, save_adapter, trainable_parameters
 from learning.sft.trajectory import example_spans
@@ -191,7 +191,7 @@ def _sequence_loss(model: Any, enc: Encoded, device: torch.device) -> tuple[torc
     keep = (labels != IGNORE).nonzero().squeeze(-1)  # position t predicts token t+1
     if keep.numel() == 0:
         return torch.zeros((), device=device), 0
-    split = _decoder_and_head(model)
+    split = split_head(model)
     if split is not None:
         decoder, head = split
         hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state[0, keep]
@@ -199,22 +199,6 @@ def _sequence_loss(model: Any, enc: Encoded, device: torch.device) -> tuple[torc
     out = model(input_ids=ids, logits_to_keep=keep, use_cache=False)
     logits = out.logits[0].float()
     return torch.nn.functional.cross_entropy(logits, labels[keep], reduction="sum"), int(keep.numel())
-
-
-def _decoder_and_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
-    """(decoder, head) of an unwrapped causal LM whose logits are exactly `head(decoder(...))`, else None."""
-    from accelerate.utils import extract_model_from_parallel
-
-    if extract_model_from_parallel(model) is not model:
-        return None
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT keeps LoRA in the decoder
-    get_decoder = getattr(base, "get_decoder", None)
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    config = getattr(base, "config", None)
-    scaled = any(getattr(config, name, None) not in (None, 1.0) for name in ("final_logit_softcapping", "logit_scale"))
-    if get_decoder is None or type(head) is not torch.nn.Linear or head.bias is not None or scaled:
-        return None
-    return get_decoder(), head
 
 
 def sft_step(model: Any, opt: Any, sched: Any, batch: Sequence[Encoded], accelerator: Any,
