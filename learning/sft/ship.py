@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 DEST = "agent/adapters/smollm2-sft"
+BASE_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GENERATE_CMD = ("rubricem sft generate --questions learning/sft/data/train/hotpotqa_train.json "
                 "--questions learning/sft/data/train/musique_train.json --variants 2 --out .cache/sft/data")
 # The stages of `make sft-adapter`, in order (stage k+1 starts from the adapter stage k shipped to DEST).
@@ -81,7 +82,10 @@ def ship(data_dir: Path, dest: Path, run_dirs: Sequence[Path], after_shipped: bo
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    shutil.copy(src / "adapter_config.json", tmp / "adapter_config.json")
+    # The training machine's model folder means nothing elsewhere: name the base model by its public id.
+    config = json.loads((src / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = BASE_MODEL_ID
+    (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights = load_file(str(src / "adapter_model.safetensors"))
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()},
               str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})

@@ -460,6 +460,9 @@ def test_a_second_stage_continues_from_the_shipped_adapter_and_provenance_lists_
     provenance = (shipped / "PROVENANCE.md").read_text()
     assert "- stage 1:" in provenance and "- stage 2:" in provenance and "--init-adapter" in provenance
     assert json.loads((shipped / "rubricem.json").read_text())["stages"] == 2
+    # No path of the training machine ships: the base model is named by its public id.
+    assert json.loads((shipped / "adapter_config.json").read_text())["base_model_name_or_path"] == \
+        "HuggingFaceTB/SmolLM2-135M-Instruct"
     # A later stage ships on a machine without the earlier runs: their recorded blocks are kept, numbered on.
     before = shipped_stages(dest)
     assert [b.split(":")[0] for b in before] == ["- stage 1", "- stage 2"]
