@@ -180,7 +180,10 @@ async def execute_durable(
     graph_input: Any = initial_state(prompt, deps.approve_plan, clarify_with) if start else (
         Command(resume=dict(resume_value)) if resume_value is not None else None)
     config = {"configurable": {"thread_id": thread_id}, "recursion_limit": _recursion_limit(deps)}
-    final = await build_graph(checkpointer).ainvoke(graph_input, config=config, context=deps)
+    # durability="sync": each step's checkpoint is written before the next step starts. LangGraph's default
+    # ("async") writes it while the next step runs, so a process killed early in that step (a crash inside the
+    # research node) could leave no checkpoint at all, and the session could not be resumed.
+    final = await build_graph(checkpointer).ainvoke(graph_input, config=config, context=deps, durability="sync")
     traj = _trajectory(session_id, question, prompt, final, injected_bank_items)
     interrupts = final.get("__interrupt__") or ()
     if interrupts:

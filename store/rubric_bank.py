@@ -30,6 +30,7 @@ items out of the within-episode lookup.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import json
@@ -243,16 +244,17 @@ class RubricBank:
         name, bank_id = self.config.collection + INDEX_SUFFIX, str(self._collection.id)
         meta = {_INDEX_OF: bank_id}
         with chroma_errors(f"open the rubric bank's question index {name!r}", BankError):
-            try:
-                index = self._client.get_collection(name, embedding_function=None)  # type: ignore[arg-type]
-            except NotFoundError:
-                index = self._client.create_collection(name, embedding_function=None, metadata=meta)  # type: ignore[arg-type]
+            # get_or_create, never get-then-create: several hosts opening one Chroma server's new bank at once would
+            # race to create the index and all but one fail with "already exists". Metadata of an existing
+            # collection is left as it is.
+            index = self._client.get_or_create_collection(name, embedding_function=None, metadata=meta)  # type: ignore[arg-type]
             found = index.metadata or {}
             if found.get(_INDEX_OF) == bank_id and found.get(_INDEX_COMPLETE) == "yes":
                 return index
             if found.get(_INDEX_OF) != bank_id:  # the bank collection was recreated: its old index means nothing
-                self._client.delete_collection(name)
-                index = self._client.create_collection(name, embedding_function=None, metadata=meta)  # type: ignore[arg-type]
+                with contextlib.suppress(NotFoundError):  # another host may have dropped it first
+                    self._client.delete_collection(name)
+                index = self._client.get_or_create_collection(name, embedding_function=None, metadata=meta)  # type: ignore[arg-type]
         self._index = index
         with self._lock:
             pairs = [(m, i) for i, m in self._scan_shas()]

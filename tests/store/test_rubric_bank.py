@@ -221,6 +221,37 @@ def test_server_mode_serves_a_reader_beside_a_writer(chroma_server: tuple[str, i
     assert question_sha(questions[3]) == reader.by_question(questions[3]).question_sha  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("round_", range(3))
+def test_hosts_opening_a_new_bank_on_one_server_together_all_succeed(chroma_server: tuple[str, int], tmp_path: Path,
+                                                                     round_: int) -> None:
+    """Several hosts (two apps and a scheduler) open a bank that does not exist yet on one Chroma server at the same
+    moment: every one opens it, with one question index between them (CI met "Collection … already exists")."""
+    host, port = chroma_server
+    cfg = StoreConfig(data_dir=tmp_path, chroma_mode="server", chroma_host=host, chroma_port=port,
+                      bank=BankConfig(collection=f"bank_race_{round_}_{tmp_path.name[-6:]}"))
+    start = threading.Barrier(6)
+    banks: list[RubricBank] = []
+    errors: list[BaseException] = []
+
+    def open_bank() -> None:
+        start.wait()
+        try:
+            banks.append(RubricBank(cfg))
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_bank) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert len(banks) == 6
+    banks[0].put(item("Who founded the city by the river?"))
+    assert all(b.retrieve("Who founded the city by the river?").mode for b in banks)
+    assert banks[5].by_question("Who founded the city by the river?") is not None
+
+
 def test_an_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
     from tests.servers import free_port
 
