@@ -37,8 +37,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_weight = torch.zeros_like(weight, dtype=loss.dtype) if ctx.needs_input_grad[1] else None
         for start in range(0, hidden.shape[0], chunk):
             h, y = hidden[start:start + chunk], targets[start:start + chunk]
-            logits = h @ weight.T  # the head's output in its own dtype, then at least float32, as the plain path
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            logits = _chunk_logits(h, weight, 1.0, loss.dtype)
             lse = torch.logsumexp(logits, dim=-1)
             loss += (lse - logits.gather(1, y.unsqueeze(1)).squeeze(1)).sum()
             # d(sum CE)/d logits = softmax - one_hot, written over the logits to keep one vocabulary-sized buffer.

@@ -3,12 +3,13 @@ errors.
 
 Imports nothing from the rest of the project and never imports torch (checked by the boundary tests).
 
-Names are imported on first use (PEP 562), so importing one light submodule (the records, the tool names) does not
+Names are imported on first use (PEP 562), so importing one light submodule (the records, say) does not
 load the session log's database drivers and pydantic settings.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from store.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from store.config import StoreConfig
@@ -118,14 +119,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

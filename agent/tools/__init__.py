@@ -1,18 +1,20 @@
 """The agent's tools: local document search, web and paper search APIs, guarded page browsing and MCP servers' tools.
 
-Names are imported on first use (PEP 562), so importing one light submodule (the records, the tool names) does not
+Names are imported on first use (PEP 562), so importing one light submodule (the tool names, say) does not
 load Chroma, the HTTP clients and the MCP SDK.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from store.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agent.tools.browse import BrowseWebpage
     from agent.tools.ids import CallIdFactory, CounterCallIds, is_snippet_id, snippet_id
     from agent.tools.local_search import LocalSearch
     from agent.tools.mcp_client import McpTool
-    from agent.tools.registry import BUILTIN_TOOL_NAMES, TOOL_ALIASES, build_tools, resolve_tool_name
+    from agent.tools.names import BUILTIN_TOOL_NAMES, TOOL_ALIASES, resolve_tool_name
+    from agent.tools.registry import build_tools
     from agent.tools.searxng import SearxngSearch
     from agent.tools.semantic_scholar import SnippetSearch
     from agent.tools.serper import GoogleSearch
@@ -26,10 +28,10 @@ _EXPORTS: dict[str, str] = {
     "snippet_id": "agent.tools.ids",
     "LocalSearch": "agent.tools.local_search",
     "McpTool": "agent.tools.mcp_client",
-    "BUILTIN_TOOL_NAMES": "agent.tools.registry",
-    "TOOL_ALIASES": "agent.tools.registry",
+    "BUILTIN_TOOL_NAMES": "agent.tools.names",
+    "TOOL_ALIASES": "agent.tools.names",
     "build_tools": "agent.tools.registry",
-    "resolve_tool_name": "agent.tools.registry",
+    "resolve_tool_name": "agent.tools.names",
     "SearxngSearch": "agent.tools.searxng",
     "SnippetSearch": "agent.tools.semantic_scholar",
     "GoogleSearch": "agent.tools.serper",
@@ -57,14 +59,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

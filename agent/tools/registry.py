@@ -6,10 +6,10 @@ from agent.config import AgentConfig
 from agent.protocols import SearchTool
 from agent.tools.browse import BrowseWebpage
 from agent.tools.local_search import LocalSearch
+from agent.tools.names import BUILTIN_TOOL_NAMES, TOOL_ALIASES, normalise_tool_name, resolve_tool_name
 from agent.tools.searxng import SearxngSearch
 from agent.tools.semantic_scholar import SnippetSearch
 from agent.tools.serper import GoogleSearch
-from agent.tools.names import BUILTIN_TOOL_NAMES, TOOL_ALIASES, normalise_tool_name, resolve_tool_name
 from agent.tools.web import WebPageFetcher
 from store.doc_index import DocIndex
 
