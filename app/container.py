@@ -69,7 +69,8 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
     adapter = base_adapter(settings)
     version = adapter_version(adapter) if adapter is not None else "base"
     return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=adapter, version=version,
-                                    decode_attention=cfg.embedded_decode_attention)
+                                    decode_attention=cfg.embedded_decode_attention,
+                                    decode_matmul=cfg.embedded_decode_matmul)
 
 
 def base_adapter(settings: Settings) -> Path | None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from agent.errors import ContextTooLong, PolicyUnavailable
 from agent.policy import check_generate_args
 from agent.protocols import ChatMessage, Generation, PromptContext
+from learning.decode_kernels import onednn_disabled, register_gqa_attention
 
 if TYPE_CHECKING:  # torch/transformers are imported lazily so that importing this module stays cheap
     import torch
@@ -40,6 +41,7 @@ MARKER_FILENAME = ".rubricem-converted.json"
 _CONVERSION_FORMAT = 1  # bump to force a re-conversion of existing caches
 LOOP_WINDOW = 32  # tokens; a window sampled for the LOOP_REPEATS-th time ends the generation (see LoopGuard)
 LOOP_REPEATS = 3
+NATIVE_MATMUL_MAX_ROWS = 2  # decode steps of at most this many rows use ATen's native products (decode_matmul)
 
 
 class ModelConversionError(RuntimeError):
@@ -219,7 +221,8 @@ class TransformersPolicyClient:
         version: str = "base",
         threads: int | None = None,
         reuse_prefix: bool = True,
-        decode_attention: str = "eager",
+        decode_attention: str = "gqa",
+        decode_matmul: str = "native",
     ) -> None:
         """Load the tokenizer and model (blocking, about 0.3 s for the converted SmolLM2).
 
@@ -230,16 +233,22 @@ class TransformersPolicyClient:
             version: the policy version name; the base model's when no adapter is given, else the adapter's.
             threads: torch intra-op threads (process-wide setting); None keeps torch's default.
             reuse_prefix: reuse the KV cache when a prompt extends the previous one (see the class docstring).
-            decode_attention: "eager" or "sdpa", the attention kernel of one-token decode steps (`_use_attention`).
+            decode_attention: "gqa", "eager" or "sdpa", the attention kernel of one-token decode steps
+                (`_use_attention`; "gqa" is `learning.decode_kernels.gqa_attention`).
+            decode_matmul: "native" (ATen's kernels) or "onednn", the CPU matrix products of one-token decode steps
+                (`learning.decode_kernels.onednn_disabled`); prompts and scoring always use oneDNN.
         """
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if dtype not in ("bfloat16", "float32"):
             raise ValueError(f"dtype must be 'bfloat16' or 'float32', not {dtype!r}")
-        if decode_attention not in ("eager", "sdpa"):
-            raise ValueError(f"decode_attention must be 'eager' or 'sdpa', not {decode_attention!r}")
-        self._decode_attention = decode_attention
+        if decode_attention not in ("gqa", "eager", "sdpa"):
+            raise ValueError(f"decode_attention must be 'gqa', 'eager' or 'sdpa', not {decode_attention!r}")
+        if decode_matmul not in ("native", "onednn"):
+            raise ValueError(f"decode_matmul must be 'native' or 'onednn', not {decode_matmul!r}")
+        self._decode_attention = register_gqa_attention() if decode_attention == "gqa" else decode_attention
+        self._decode_matmul = decode_matmul
         if threads is not None:
             torch.set_num_threads(int(threads))
         self._model_dir = Path(model_dir)
@@ -589,8 +598,11 @@ class TransformersPolicyClient:
         import torch
 
         self._use_attention(len(ids[0]))
-        out = self._model(input_ids=torch.tensor(ids, dtype=torch.long), **{self._cache_kw(): cache}, use_cache=True,
-                          **kw)
+        # ATen's native products win for one or two rows, oneDNN's from four (see learning/decode_kernels.py)
+        native = self._decode_matmul == "native" and len(ids[0]) == 1 and len(ids) <= NATIVE_MATMUL_MAX_ROWS
+        with onednn_disabled(native):
+            out = self._model(input_ids=torch.tensor(ids, dtype=torch.long), **{self._cache_kw(): cache},
+                              use_cache=True, **kw)
         return out.logits[:, -1].float()
 
     def _use_attention(self, new_tokens: int) -> None:
@@ -599,8 +611,9 @@ class TransformersPolicyClient:
         Measured on this CPU (tests/benchmarks/attention_context.py, one thread): a one-token step behind a 3,000-token
         cache takes 156 ms with `sdpa` and 82 ms with `eager`, while a 3,000-token prompt takes 15 s with `sdpa` and
         49 s with `eager` (eager writes out every query-key score). So prompts and scoring run `sdpa`, decode steps
-        `eager` (the `decode_attention` argument; "sdpa" keeps one kernel throughout); both read the same KV cache,
-        and the switch (transformers' `set_attn_implementation`) is a config change, made only when the phase changes.
+        the `decode_attention` argument's kernel (by default `gqa`: eager's arithmetic without copying the cache, see
+        `learning.decode_kernels`; "sdpa" keeps one kernel throughout); all read the same KV cache, and the switch
+        (transformers' `set_attn_implementation`) is a config change, made only when the phase changes.
         """
         want = self._decode_attention if new_tokens == 1 else "sdpa"
         if self._model.config._attn_implementation != want:

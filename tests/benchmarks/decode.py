@@ -171,6 +171,8 @@ def session(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     settings = Settings()
     values = settings.agent.defaults.model_dump() | {"max_tool_calls": 2, "format": "short_form", "seed": 0}
+    if args.session_temperature is not None:
+        values["temperature"] = args.session_temperature
     options = RunOptions.model_validate(values)
     t0 = time.perf_counter()
     services = build(settings, say=lambda *_: None, progress=None)
@@ -199,12 +201,35 @@ def session(args: argparse.Namespace) -> dict[str, Any]:
     sampled = [x for x in outcome.trajectory.turns if x.kind == "sampled"]
     k = sum(len(x.token_ids) for x in sampled)
     gen_s = sum(c["seconds"] for c in calls)
-    return {"question": DEMO_Q, "load_s": round(loaded, 1), "wall_s": round(wall, 1), "sampled_tokens": k,
+    return {"question": DEMO_Q, "temperature": options.temperature,
+            "decode_kernels": [settings.agent.embedded_decode_attention, settings.agent.embedded_decode_matmul],
+            "sampled_ids": [list(x.token_ids) for x in sampled], "load_s": round(loaded, 1), "wall_s": round(wall, 1), "sampled_tokens": k,
             "sampled_turns": len(sampled), "tool_calls": len(outcome.trajectory.tool_calls),
             "sampled_tok_per_wall_s": round(k / wall, 2), "generate_calls": len(calls),
             "generate_s": round(gen_s, 1), "generate_share_of_wall": round(gen_s / wall, 3),
             "tok_per_generate_s": round(sum(c["new_tokens"] for c in calls) / gen_s, 2) if gen_s else None,
             "max_prompt_tokens": max((c["prompt_tokens"] for c in calls), default=0), "calls": calls}
+
+
+def compare_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The demo session once per decode-kernel pair, in this order; wall times and whether the tokens equal the
+    first run's (under greedy decoding they should, up to bf16 rounding of the kernels' sums)."""
+    runs: list[dict[str, Any]] = []
+    for pair in args.compare_kernels.split(","):
+        attention, matmul = pair.split(":")
+        os.environ["RUBRICEM_AGENT__EMBEDDED_DECODE_ATTENTION"] = attention
+        os.environ["RUBRICEM_AGENT__EMBEDDED_DECODE_MATMUL"] = matmul
+        print(f"session with decode kernels {attention}:{matmul} ...", flush=True)
+        s = session(args)
+        s["same_tokens_as_first"] = s["sampled_ids"] == runs[0]["sampled_ids"] if runs else True
+        s["speedup_vs_first"] = round(runs[0]["wall_s"] / s["wall_s"], 2) if runs else 1.0
+        print(f"  {s['sampled_tokens']} tokens in {s['wall_s']} s (generate {s['generate_s']} s, "
+              f"{s['tok_per_generate_s']} tok/s inside); same tokens as the first: {s['same_tokens_as_first']}; "
+              f"x{s['speedup_vs_first']} against it", flush=True)
+        runs.append(s)
+    for key in ("RUBRICEM_AGENT__EMBEDDED_DECODE_ATTENTION", "RUBRICEM_AGENT__EMBEDDED_DECODE_MATMUL"):
+        os.environ.pop(key, None)
+    return runs
 
 
 def main() -> int:
@@ -216,6 +241,11 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--bandwidth-mib", type=int, default=512, help="array size for the bandwidth probe")
     ap.add_argument("--session", action="store_true", help="also time one research session at the demo's settings")
+    ap.add_argument("--session-temperature", type=float, default=None,
+                    help="the session's temperature (default: the demo's; 0 = greedy, for --compare-kernels)")
+    ap.add_argument("--compare-kernels", default=None, metavar="A:M,A:M",
+                    help="run the session once per decode-kernel pair (attention:matmul, e.g. "
+                         "sdpa:onednn,eager:onednn,gqa:native), one after the other, and compare their tokens")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "docs" / "decode" / "decode.json"))
     args = ap.parse_args()
@@ -254,6 +284,8 @@ def main() -> int:
     lc = find("llama.cpp", "sampled", 1)
     if one and lc:
         targets["torch_one_vs_llamacpp"] = round(one["tok_s"] / lc["tok_s"], 3)
+    if args.compare_kernels:
+        result["kernel_sessions"] = compare_kernels(args)
     if args.session:
         print("one research session at the demo's settings ...", flush=True)
         result["session"] = s = session(args)
