@@ -70,7 +70,8 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
     version = adapter_version(adapter) if adapter is not None else "base"
     return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=adapter, version=version,
                                     decode_attention=cfg.embedded_decode_attention,
-                                    decode_matmul=cfg.embedded_decode_matmul)
+                                    decode_matmul=cfg.embedded_decode_matmul,
+                                    merge_adapter=cfg.embedded_merge_adapter)
 
 
 def base_adapter(settings: Settings) -> Path | None:

@@ -14,6 +14,9 @@ In one process, one after another (issue 16):
 (e) with `--session`, one full research session at the demo's settings (`make demo`: the default Settings, the
     shipped SFT adapter, --max-tool-calls 2, short_form) and its sampled tokens per second of session wall time,
     compared with llama.cpp's sampled rate. It writes one session into the configured data folder, as the demo does.
+(f) with `--compare-kernels`, the same session once per decode-kernel setting, one after the other (with
+    `--session-temperature 0`: greedy, so equal settings must give equal tokens), and whether each run's tokens equal
+    the first's.
 
 Tokens/s count the new tokens each call returned over its whole wall time (a ~40-token prompt's prefill included,
 for both engines). A generation may end before `--tokens` at EOS; the rate counts what was generated.
@@ -22,7 +25,9 @@ On a machine shared with other jobs use `--threads 1`: two torch threads on two 
 measured, against 19.6 with one thread).
 
     .venv/bin/python tests/benchmarks/decode.py [--tokens 64] [--groups 4,8] [--reps 2] [--threads 2]
-        [--dtype bfloat16] [--session] [--out docs/decode/decode.json]
+        [--dtype bfloat16] [--session] [--merge-adapter] [--out docs/decode/decode.json]
+    .venv/bin/python tests/benchmarks/decode.py --threads 1 --skip-llamacpp --groups 4 --reps 1 \
+        --session-temperature 0 --compare-kernels sdpa:onednn,eager:onednn,gqa:native,gqa:native:merge
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ def embedded(args: argparse.Namespace, bw: float) -> list[dict[str, Any]]:
 
     torch.set_num_threads(args.threads)
     model_dir = ensure_converted(MODEL_CACHE)
-    policy = TransformersPolicyClient(model_dir, dtype=args.dtype)
+    policy = TransformersPolicyClient(model_dir, dtype=args.dtype, merge_adapter=args.merge_adapter)
     ctx: PromptContext = asyncio.run(policy.render_prompt(MESSAGES))
     rows = []
     for adapter in (False, True):
@@ -171,6 +176,7 @@ def session(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     settings = Settings()
     values = settings.agent.defaults.model_dump() | {"max_tool_calls": 2, "format": "short_form", "seed": 0}
+    merged = settings.agent.embedded_merge_adapter
     if args.session_temperature is not None:
         values["temperature"] = args.session_temperature
     options = RunOptions.model_validate(values)
@@ -203,6 +209,7 @@ def session(args: argparse.Namespace) -> dict[str, Any]:
     gen_s = sum(c["seconds"] for c in calls)
     return {"question": DEMO_Q, "temperature": options.temperature,
             "decode_kernels": [settings.agent.embedded_decode_attention, settings.agent.embedded_decode_matmul],
+            "merged_adapter": merged,
             "sampled_ids": [list(x.token_ids) for x in sampled], "load_s": round(loaded, 1), "wall_s": round(wall, 1), "sampled_tokens": k,
             "sampled_turns": len(sampled), "tool_calls": len(outcome.trajectory.tool_calls),
             "sampled_tok_per_wall_s": round(k / wall, 2), "generate_calls": len(calls),
@@ -216,10 +223,11 @@ def compare_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
     first run's (under greedy decoding they should, up to bf16 rounding of the kernels' sums)."""
     runs: list[dict[str, Any]] = []
     for pair in args.compare_kernels.split(","):
-        attention, matmul = pair.split(":")
+        attention, matmul, *merge = pair.split(":")
         os.environ["RUBRICEM_AGENT__EMBEDDED_DECODE_ATTENTION"] = attention
         os.environ["RUBRICEM_AGENT__EMBEDDED_DECODE_MATMUL"] = matmul
-        print(f"session with decode kernels {attention}:{matmul} ...", flush=True)
+        os.environ["RUBRICEM_AGENT__EMBEDDED_MERGE_ADAPTER"] = "true" if merge == ["merge"] else "false"
+        print(f"session with decode kernels {pair} ...", flush=True)
         s = session(args)
         s["same_tokens_as_first"] = s["sampled_ids"] == runs[0]["sampled_ids"] if runs else True
         s["speedup_vs_first"] = round(runs[0]["wall_s"] / s["wall_s"], 2) if runs else 1.0
@@ -227,7 +235,8 @@ def compare_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
               f"{s['tok_per_generate_s']} tok/s inside); same tokens as the first: {s['same_tokens_as_first']}; "
               f"x{s['speedup_vs_first']} against it", flush=True)
         runs.append(s)
-    for key in ("RUBRICEM_AGENT__EMBEDDED_DECODE_ATTENTION", "RUBRICEM_AGENT__EMBEDDED_DECODE_MATMUL"):
+    for key in ("RUBRICEM_AGENT__EMBEDDED_DECODE_ATTENTION", "RUBRICEM_AGENT__EMBEDDED_DECODE_MATMUL",
+                "RUBRICEM_AGENT__EMBEDDED_MERGE_ADAPTER"):
         os.environ.pop(key, None)
     return runs
 
@@ -243,9 +252,13 @@ def main() -> int:
     ap.add_argument("--session", action="store_true", help="also time one research session at the demo's settings")
     ap.add_argument("--session-temperature", type=float, default=None,
                     help="the session's temperature (default: the demo's; 0 = greedy, for --compare-kernels)")
-    ap.add_argument("--compare-kernels", default=None, metavar="A:M,A:M",
+    ap.add_argument("--compare-kernels", default=None, metavar="A:M[:merge],...",
                     help="run the session once per decode-kernel pair (attention:matmul, e.g. "
-                         "sdpa:onednn,eager:onednn,gqa:native), one after the other, and compare their tokens")
+                         "sdpa:onednn,eager:onednn,gqa:native,gqa:native:merge; ':merge' serves the adapter merged), "
+                         "one after the other, and compare their tokens")
+    ap.add_argument("--merge-adapter", action="store_true",
+                    help="serve the adapter merged into the weights in the tokens/s rows (the session follows the "
+                         "RUBRICEM_AGENT__EMBEDDED_MERGE_ADAPTER setting)")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "docs" / "decode" / "decode.json"))
     args = ap.parse_args()

@@ -121,3 +121,35 @@ def test_fast_decode_keeps_greedy_tokens_in_bf16(smollm2_dir: Path) -> None:
     ref, got = runs
     assert got.token_ids == ref.token_ids
     assert got.logprobs == pytest.approx(ref.logprobs, abs=0.1)
+
+
+def test_merged_adapter_serves_the_adapter_and_swaps_back_to_the_exact_base(smollm2_dir: Path, tmp_path: Path) -> None:
+    """`merge_adapter`: the adapter folded into the weights serves what the unmerged adapter serves (float32: to
+    rounding), and after swaps and an unload the base weights are exactly the original ones."""
+    adapter = tmp_path / "sft"
+    shutil.copytree(SFT_ADAPTER, adapter)
+    plain = TransformersPolicyClient(smollm2_dir, dtype="float32")
+    merged = TransformersPolicyClient(smollm2_dir, dtype="float32", merge_adapter=True)
+    try:
+        ctx = _run(plain.render_prompt(MESSAGES[:1] + [ChatMessage("user", "Who wrote the Iliad? Search first.")]))
+
+        def greedy(client: TransformersPolicyClient) -> Any:
+            return _run(client.generate(ctx, stop=[], max_tokens=12, temperature=0.0))
+
+        base = greedy(plain)
+        plain.load_adapter(adapter, "sft@1")
+        want = greedy(plain)
+        assert want.token_ids != base.token_ids  # the adapter changes what is generated
+        for version in ("sft@1", "sft@2"):  # a swap unmerges the old adapter before the new one is merged
+            merged.load_adapter(adapter, version)
+            got = greedy(merged)
+            assert got.policy_version == version and got.token_ids == want.token_ids
+            assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+            scored = _run(merged.score(ctx, got.token_ids, temperature=0.0))
+            assert scored == pytest.approx(got.logprobs, abs=1e-4)
+        merged.unload_adapter()
+        again = greedy(merged)
+        assert again.token_ids == base.token_ids and again.logprobs == base.logprobs  # bit for bit
+    finally:
+        _run(plain.aclose())
+        _run(merged.aclose())
