@@ -79,9 +79,11 @@ def bandwidth(mib: int, reps: int) -> dict[str, float]:
     return {"array_mib": mib, "copy_gbps": round(max(copy), 2), "read_gbps": round(max(read), 2)}
 
 
-def _weight_bytes(policy: TransformersPolicyClient) -> int:
+def _weight_bytes(policy: TransformersPolicyClient, merged: bool = False) -> int:
+    """Bytes of the weights a decode step reads; a merged adapter's own matrices are not read (they are folded in)."""
     model = policy._model
-    return sum(p.numel() * p.element_size() for p in model.parameters())  # tied embeddings are counted once
+    return sum(p.numel() * p.element_size() for name, p in model.named_parameters()  # tied embeddings count once
+               if not (merged and "lora_" in name))
 
 
 def embedded(args: argparse.Namespace, bw: float) -> list[dict[str, Any]]:
@@ -95,7 +97,7 @@ def embedded(args: argparse.Namespace, bw: float) -> list[dict[str, Any]]:
     for adapter in (False, True):
         if adapter:
             policy.load_adapter(ADAPTER, "smollm2-sft")
-        wbytes = _weight_bytes(policy)
+        wbytes = _weight_bytes(policy, merged=adapter and args.merge_adapter)
         asyncio.run(policy.generate(ctx, stop=[], max_tokens=8, temperature=0.0))  # warm-up
         for temperature in (0.0, 1.0):
             for n in (1, *args.groups):
