@@ -15,35 +15,70 @@ context; `tests/benchmarks/decode.py`):
 Both change which kernel computes a product, never what is computed: token ids and log-probs equal the eager path's
 within float rounding (`tests/policy/test_decode_kernels.py`).
 
-The oneDNN switch is process-wide (`torch.backends.mkldnn.enabled`). The embedded policy flips it only while it
-holds its model lock for a decode step; another thread computing at that moment (the bank's embedder, say) runs the
-same products with ATen's kernels: slower or faster, never different results beyond rounding.
+The oneDNN switch is process-wide (`torch.backends.mkldnn.enabled`). The embedded policy flips it only for a decode
+step, with holders counted across threads (the last one out restores it); another thread computing at that moment
+(the bank's embedder, say) runs the same products with the other kernels: slower or faster, never different results
+beyond rounding.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 GQA_ATTENTION = "rubricem_gqa"  # the name under which `gqa_attention` is registered with transformers
 _registered = False
+_switch_lock = threading.Lock()
+_holders = 0  # blocks inside `onednn_disabled`, in any thread
+_saved = True  # the oneDNN setting the first holder found
 
 
 @contextlib.contextmanager
 def onednn_disabled(active: bool = True) -> Iterator[None]:
-    """Run the block with oneDNN off (ATen's native CPU kernels), restoring the previous setting after."""
+    """Run the block with oneDNN off (ATen's native CPU kernels), restoring the previous setting after.
+
+    The switch is process-wide, so holders are counted: the first one in saves the setting and turns oneDNN off, the
+    last one out restores it. Two policies decoding in two threads therefore never leave oneDNN off for good,
+    whatever order they finish in.
+    """
     if not active:
         yield
         return
     import torch.backends.mkldnn as mkldnn
 
-    before = bool(mkldnn.enabled)
-    mkldnn.enabled = False  # type: ignore[assignment]
+    global _holders, _saved
+    with _switch_lock:
+        if _holders == 0:
+            _saved = bool(mkldnn.enabled)
+            mkldnn.enabled = False  # type: ignore[assignment]
+        _holders += 1
     try:
         yield
     finally:
-        mkldnn.enabled = before  # type: ignore[assignment]
+        with _switch_lock:
+            _holders -= 1
+            if _holders == 0:
+                mkldnn.enabled = _saved  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _onednn_inside_disabled() -> Iterator[None]:
+    """oneDNN on for the block while some `onednn_disabled` holds it off (else unchanged); off again after, or the
+    saved setting if the last holder left meanwhile (under the same lock as the holder count)."""
+    import torch.backends.mkldnn as mkldnn
+
+    with _switch_lock:
+        flip = _holders > 0
+        if flip:
+            mkldnn.enabled = True  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if flip:
+            with _switch_lock:
+                mkldnn.enabled = False if _holders > 0 else _saved  # type: ignore[assignment]
 
 
 def gqa_attention(
@@ -71,18 +106,13 @@ def gqa_attention(
     kv_heads, length = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     rows = query.reshape(b, kv_heads, groups * q, d)
-    mkldnn = torch.backends.mkldnn
-    before = bool(mkldnn.enabled)
-    mkldnn.enabled = True  # type: ignore[assignment]  # oneDNN's batched products are the fast ones here
-    try:
+    with _onednn_inside_disabled():  # oneDNN's batched products are the fast ones here
         scores = torch.matmul(rows, key.transpose(2, 3)) * scaling  # (b, K, g·q, L)
         if attention_mask is not None:
             mask = attention_mask[:, :, None, :, :length]  # (b, 1, 1, q, L) against (b, K, g, q, L)
             scores = (scores.view(b, kv_heads, groups, q, length) + mask).view(b, kv_heads, groups * q, length)
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = torch.matmul(weights, value)  # (b, K, g·q, d)
-    finally:
-        mkldnn.enabled = before  # type: ignore[assignment]
     return out.view(b, heads, q, d).transpose(1, 2).contiguous(), None
 
 

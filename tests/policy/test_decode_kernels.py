@@ -74,6 +74,33 @@ def test_onednn_switch_is_restored_even_on_error() -> None:
         assert bool(mkldnn.enabled) == before
 
 
+def test_onednn_switch_survives_overlapping_holders_in_two_threads() -> None:
+    """Two decoders in two threads, the first finishing while the second is still inside: oneDNN stays off until
+    the last one leaves, and is on again after both (a naive save/restore would leave it off for good)."""
+    import threading
+
+    import torch.backends.mkldnn as mkldnn
+
+    assert mkldnn.enabled
+    inside, release = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def second() -> None:
+        with onednn_disabled():
+            inside.set()
+            release.wait(10)
+            seen.append(bool(mkldnn.enabled))
+
+    with onednn_disabled():
+        t = threading.Thread(target=second)
+        t.start()
+        assert inside.wait(10)
+    assert not mkldnn.enabled  # the second holder is still inside
+    release.set()
+    t.join(10)
+    assert seen == [False] and mkldnn.enabled
+
+
 def _client(smollm2_dir: Path, dtype: str, fast: bool, adapter: Path | None) -> TransformersPolicyClient:
     kernels = {"decode_attention": "gqa", "decode_matmul": "native"} if fast else \
         {"decode_attention": "eager", "decode_matmul": "onednn"}
