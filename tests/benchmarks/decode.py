@@ -178,7 +178,6 @@ def session(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     settings = Settings()
     values = settings.agent.defaults.model_dump() | {"max_tool_calls": 2, "format": "short_form", "seed": 0}
-    merged = settings.agent.embedded_merge_adapter
     if args.session_temperature is not None:
         values["temperature"] = args.session_temperature
     options = RunOptions.model_validate(values)
@@ -211,8 +210,9 @@ def session(args: argparse.Namespace) -> dict[str, Any]:
     gen_s = sum(c["seconds"] for c in calls)
     return {"question": DEMO_Q, "temperature": options.temperature,
             "decode_kernels": [settings.agent.embedded_decode_attention, settings.agent.embedded_decode_matmul],
-            "merged_adapter": merged,
-            "sampled_ids": [list(x.token_ids) for x in sampled], "load_s": round(loaded, 1), "wall_s": round(wall, 1), "sampled_tokens": k,
+            "merged_adapter": settings.agent.embedded_merge_adapter,
+            "sampled_ids": [list(x.token_ids) for x in sampled],
+            "load_s": round(loaded, 1), "wall_s": round(wall, 1), "sampled_tokens": k,
             "sampled_turns": len(sampled), "tool_calls": len(outcome.trajectory.tool_calls),
             "sampled_tok_per_wall_s": round(k / wall, 2), "generate_calls": len(calls),
             "generate_s": round(gen_s, 1), "generate_share_of_wall": round(gen_s / wall, 3),
