@@ -180,3 +180,23 @@ def test_merged_adapter_serves_the_adapter_and_swaps_back_to_the_exact_base(smol
     finally:
         _run(plain.aclose())
         _run(merged.aclose())
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"decode_attention": "flash"}, "decode_attention must be 'gqa', 'eager' or 'sdpa'"),
+    ({"decode_matmul": "mkl"}, "decode_matmul must be 'native' or 'onednn'"),
+])
+def test_unknown_decode_kernels_are_refused_before_loading(smollm2_dir: Path, kwargs: dict[str, str],
+                                                           message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TransformersPolicyClient(smollm2_dir, **kwargs)  # type: ignore[arg-type]
+
+
+def test_unknown_decode_kernel_setting_is_a_clear_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from app.settings import Settings
+
+    monkeypatch.setenv("RUBRICEM_AGENT__EMBEDDED_DECODE_MATMUL", "mkl")
+    with pytest.raises(ValidationError, match="embedded_decode_matmul"):
+        Settings()
