@@ -49,6 +49,9 @@ class RunOptions(BaseModel):
     context_tokens: int = Field(
         default=8192, ge=512, description="Policy context window; research stops early to leave room for review+answer."
     )
+    question_first: bool = Field(
+        default=True, description="The graph makes the first search itself, with the question as asked; the model "
+        "writes every later query. Off: the model writes every query (the paper's scaffold).")
 
 
 MCP_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

@@ -123,10 +123,12 @@ def _trajectory(session_id: str, question: str, prompt: PromptRecord, state: Map
 
 
 def initial_state(prompt: PromptRecord, approve_plan: bool | None = None,
-                  clarify_context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  clarify_context: Mapping[str, Any] | None = None, question: str = "") -> dict[str, Any]:
     """The graph's input for a new run (a durable run keeps whether it asks for approval, for its resume; with a
-    `clarify_context` it asks whether to clarify the request first)."""
-    state: dict[str, Any] = {"prompt": PromptContext(prompt.text, prompt.token_ids), "turns": [], "tool_calls": []}
+    `clarify_context` it asks whether to clarify the request first). `question` is the user's request as asked: the
+    question-first search uses it."""
+    state: dict[str, Any] = {"prompt": PromptContext(prompt.text, prompt.token_ids), "turns": [], "tool_calls": [],
+                             "question": question}
     if approve_plan is not None:
         state["approve_plan"] = approve_plan
     if clarify_context is not None:
@@ -149,7 +151,7 @@ async def execute(
     if not deps.started_at:
         deps.started_at = deps.clock()
     final = await build_graph().ainvoke(
-        initial_state(prompt), config={"recursion_limit": _recursion_limit(deps)}, context=deps
+        initial_state(prompt, question=question), config={"recursion_limit": _recursion_limit(deps)}, context=deps
     )
     traj = _trajectory(session_id, question, prompt, final, injected_bank_items)
     return RunResult(traj, build_report(traj))
@@ -177,7 +179,7 @@ async def execute_durable(
     """
     if not deps.started_at:
         deps.started_at = deps.clock()
-    graph_input: Any = initial_state(prompt, deps.approve_plan, clarify_with) if start else (
+    graph_input: Any = initial_state(prompt, deps.approve_plan, clarify_with, question) if start else (
         Command(resume=dict(resume_value)) if resume_value is not None else None)
     config = {"configurable": {"thread_id": thread_id}, "recursion_limit": _recursion_limit(deps)}
     # durability="sync": each step's checkpoint is written before the next step starts. LangGraph's default

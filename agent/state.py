@@ -14,6 +14,7 @@ class ResearchState(TypedDict, total=False):
     """State of one research run."""
 
     prompt: PromptContext
+    question: str  # the user's request as asked (the question-first search's query)
     turns: Annotated[list[Turn], operator.add]
     tool_calls: Annotated[list[ToolCallRecord], operator.add]
     pending_call: ParsedCall | None  # parsed by research, executed by tools

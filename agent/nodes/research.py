@@ -9,7 +9,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from agent.deps import AgentDeps
-from agent.parse import CallParseError, parse_tool_call
+from agent.parse import CallParseError, ParsedCall, parse_tool_call
 from agent.protocols import Generation
 from agent.sequence import SequenceWriter
 from agent.state import ResearchState
@@ -55,6 +55,9 @@ async def research(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command
         deps.recorder.event("research_stopped", {"reason": reason, "tool_calls": n_calls, "final_turn": final})
         if not final:
             return Command(goto="review")
+    if not reason and n_calls == 0 and deps.options.question_first and (tool := default_tool(deps)):
+        if query := question_query(state.get("question", "")):
+            return await _question_first_call(w, deps, tool, query)
     deps.recorder.event("stage", {"stage": "research", "turn": n_calls + 1, "final": final})
     gen = await w.sample("research", STOPS, deps.options.token_caps.research)
     if gen.stop is None and gen.finish_reason == "stop" and _open_call(gen.text):
@@ -142,6 +145,30 @@ async def _forced_first_call(
     query = await w.sample("research", CALL_STOPS, min(FIRST_CALL_QUERY_TOKENS, deps.options.token_caps.research))
     await w.keep_closed("research", query, "</call_tool>")
     return _to_tools(w, opening + query.text)
+
+
+def question_query(question: str) -> str:
+    """The question-first search's query: the question as asked, on one line, without its trailing question mark."""
+    return " ".join(question.split()).rstrip(" ?")
+
+
+async def _question_first_call(
+    w: SequenceWriter, deps: AgentDeps, tool: str, query: str
+) -> Command[Literal["tools", "review", "answer"]]:
+    """The first search is the question itself, issued by the graph (`RunOptions.question_first`).
+
+    Why: one search with the question finds most gold passages of a multi-hop question (vanilla RAG's retrieval);
+    a small policy's own first query often finds fewer (issue 20: 0.50-0.56 against 0.67-0.75 of the gold passages).
+    With this call the research starts where vanilla RAG ends, and every later query is the model's, written after
+    reading those results. The call is inserted text (forced, masked from training) in the same shape the distilled
+    trajectories open their research with (`evidence-chain/5`), so the student reads what it was trained on. The
+    eval's compliance figures do not count it as the model's tool call nor against its research tags."""
+    deps.recorder.event("stage", {"stage": "research", "turn": 1, "final": False})
+    text = f'\n<call_tool name="{tool}">{query}</call_tool>'
+    await w.insert("research", text)
+    # The call is built, not parsed back from the text: a question that itself contains markup stays one query.
+    return Command(goto="tools", update={"turns": w.new, "pending_call": ParsedCall(tool, query, {}),
+                                         "pending_call_error": None})
 
 
 def _to_tools(w: SequenceWriter, text: str) -> Command[Literal["tools", "review", "answer"]]:

@@ -56,6 +56,7 @@ def service(policy: object, tools: dict, log: SessionLog) -> ResearchService:  #
     return ResearchService(policy, tools, log, AgentConfig())  # type: ignore[arg-type]
 
 
+PAPER_SCAFFOLD = RunOptions(question_first=False)  # the model writes every query, the first included
 FUZZ_OPTS = RunOptions(
     max_tool_calls=3, token_caps=StageTokenCaps(plan=96, research=64, review=64, answer=96), wall_clock_s=60,
     context_tokens=65536,
@@ -120,7 +121,8 @@ def test_search_backend_timeouts_and_5xx_become_tool_errors_and_the_run_continue
                 return "<review>enough</review>"
             return "<answer>Latin.</answer>"
 
-        out = asyncio.run(service(ScriptedPolicy(script), tools, log).run("Haymo's era language?"))
+        # The script writes every call itself (no question-first search): the error pattern is the backend's.
+        out = asyncio.run(service(ScriptedPolicy(script), tools, log).run("Haymo's era language?", PAPER_SCAFFOLD))
     finally:
         held.set()
         srv.close()
@@ -144,7 +146,7 @@ def test_two_consecutive_tool_errors_are_recorded(local_tools: dict, log: Sessio
             return '<call_tool name="google_search">q</call_tool>' if n < 2 else "<review>x</review>"
         return "<answer>Latin.</answer>"
 
-    out = asyncio.run(service(ScriptedPolicy(script), local_tools, log).run("q?"))
+    out = asyncio.run(service(ScriptedPolicy(script), local_tools, log).run("q?", PAPER_SCAFFOLD))
     assert [c.error is not None for c in out.trajectory.tool_calls] == [True, True]  # google_search not configured
     assert out.trajectory.max_consecutive_tool_errors == 2
     assert log.get(out.session_id).trajectory.max_consecutive_tool_errors == 2

@@ -17,13 +17,17 @@ from tests.fakes import ScriptedPolicy
 RAW_TAG = re.compile(r"</?(think|answer|cite|review|call_tool|tool_output|snippet|structured_plan)\b")
 
 
-def run(policy: ScriptedPolicy, tools: dict, **opts: object) -> RunResult:  # type: ignore[type-arg]
+QUESTION = "What language were books translated into in Haymo's era?"
+
+
+def run(policy: ScriptedPolicy, tools: dict, question: str = QUESTION, **opts: object) -> RunResult:  # type: ignore[type-arg]
     opts.setdefault("context_tokens", 65536)  # the byte tokenizer spends one token per byte
+    opts.setdefault("question_first", False)  # the scripts write every call (the paper's scaffold); tested apart below
     deps = AgentDeps(policy=policy, tools=tools, options=RunOptions(**opts), call_ids=CounterCallIds())
 
     async def go() -> RunResult:
-        prompt = await render_prompt("What language were books translated into in Haymo's era?", deps)
-        return await execute("s1", "What language were books translated into in Haymo's era?", prompt, deps)
+        prompt = await render_prompt(question, deps)
+        return await execute("s1", question, prompt, deps)
 
     return asyncio.run(go())
 
@@ -213,3 +217,45 @@ def test_bad_settings_exit_2_without_echoing_secrets(tmp_path) -> None:  # type:
     p = subprocess.run([sys.executable, "-m", "app.cli", "ask", "hello?"], env=env, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 2 and "policy_base_url" in p.stderr and "sk-TOPSECRET" not in p.stderr + p.stdout
+
+
+def test_question_first_the_graph_searches_the_question_and_the_model_writes_the_rest(local_tools: dict) -> None:  # type: ignore[type-arg]
+    policy = ScriptedPolicy(well_formed(n_calls=2))
+    traj = run(policy, local_tools, question_first=True).trajectory
+    first, second = traj.tool_calls
+    # The first search is the question as asked (trailing "?" dropped), issued before the model's first research turn.
+    assert (first.tool, first.query) == ("local_search", QUESTION.rstrip("?"))
+    assert first.error is None and first.snippets
+    assert second.query == "Haymo of Faversham translation 1"  # the model's own query, written after reading them
+    issued = [t for t in traj.turns if t.kind == "forced"]
+    assert [t.text for t in issued] == [f'\n<call_tool name="local_search">{QUESTION.rstrip("?")}</call_tool>']
+    assert issued[0].stage == "research" and sum(issued[0].mask) == 0  # never trained
+    # The turn after the plan is the forced call, then its tool output: the model was not asked in between.
+    kinds = [(t.stage, t.kind) for t in traj.turns]
+    assert kinds[:3] == [("plan", "sampled"), ("research", "forced"), ("research", "tool_output")]
+    assert [stage_of(c["stop"]) for c in policy.calls][:2] == ["plan", "research"]
+    # Compliance: the graph's call is neither a forced tag nor one of the model's calls.
+    c = compliance(traj)
+    assert c["stages_self_tagged"] == ["plan", "research", "review", "answer"]
+    assert (c["graph_tool_calls"], c["tool_calls"], c["valid_tool_calls"]) == (1, 1, 1.0)
+
+
+def test_question_first_keeps_a_question_with_markup_as_one_query_and_respects_a_zero_budget(
+    local_tools: dict,  # type: ignore[type-arg]
+) -> None:
+    question = 'What does "</call_tool>" mean in <b>this</b> scaffold?'
+    traj = run(ScriptedPolicy(well_formed(n_calls=1)), local_tools, question=question, question_first=True).trajectory
+    assert traj.tool_calls[0].query == question.rstrip("?")  # built, not parsed back out of the text
+    assert traj.tool_calls[0].error is None
+    # No tool budget: no search at all, not even the question's.
+    traj = run(ScriptedPolicy(well_formed(n_calls=1)), local_tools, question_first=True, max_tool_calls=0).trajectory
+    assert traj.tool_calls == () and "<call_tool" not in traj.assistant_text
+
+
+def test_question_first_with_a_budget_of_one_leaves_the_model_its_tool_free_final_turn(local_tools: dict) -> None:  # type: ignore[type-arg]
+    policy = ScriptedPolicy(well_formed(n_calls=1))
+    traj = run(policy, local_tools, question_first=True, max_tool_calls=1).trajectory
+    assert [c.query for c in traj.tool_calls] == [QUESTION.rstrip("?")]
+    # plan, then (after the graph's search) one tool-free research turn that reviews, then the answer
+    assert [stage_of(c["stop"]) for c in policy.calls] == ["plan", "research", "answer"]
+    assert compliance(traj)["tool_calls"] == 0
