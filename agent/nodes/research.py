@@ -148,8 +148,10 @@ async def _forced_first_call(
 
 
 def question_query(question: str) -> str:
-    """The question-first search's query: the question as asked, on one line, without its trailing question mark."""
-    return " ".join(question.split()).rstrip(" ?")
+    """The question-first search's query: the question as asked, on one line. Exactly vanilla RAG's query (its
+    question mark kept): the dense half of the hybrid search ranks differently without it (top-5 sets differed on
+    16 of the 32 held-out questions), and the same query is what makes this search find what RAG finds."""
+    return " ".join(question.split())
 
 
 async def _question_first_call(

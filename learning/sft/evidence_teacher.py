@@ -22,7 +22,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.nodes.research import question_query  # the first search of every trajectory
 from agent.nodes.tools import render_output
 from agent.protocols import SearchTool
 from agent.tools.ids import CallIdFactory
@@ -73,6 +72,12 @@ def _reformulate(hop: Hop, question: str, first: str) -> str:
     if _norm(retry) == _norm(first):
         retry = " ".join([name, *keywords(hop.need, 4, drop=name)])
     return retry
+
+
+def question_query(question: str) -> str:
+    """The first search of every trajectory: the question as asked, without its trailing question mark (the agent's
+    question-first search keeps the mark, as vanilla RAG does; `/5` data was written with this form)."""
+    return " ".join(question.split()).rstrip(" ?")
 
 
 def answer_window(text: str, answer: str, limit: int) -> str:

@@ -223,12 +223,12 @@ def test_question_first_the_graph_searches_the_question_and_the_model_writes_the
     policy = ScriptedPolicy(well_formed(n_calls=2))
     traj = run(policy, local_tools, question_first=True).trajectory
     first, second = traj.tool_calls
-    # The first search is the question as asked (trailing "?" dropped), issued before the model's first research turn.
-    assert (first.tool, first.query) == ("local_search", QUESTION.rstrip("?"))
+    # The first search is the question as asked (vanilla RAG's query), issued before the model's first research turn.
+    assert (first.tool, first.query) == ("local_search", QUESTION)
     assert first.error is None and first.snippets
     assert second.query == "Haymo of Faversham translation 1"  # the model's own query, written after reading them
     issued = [t for t in traj.turns if t.kind == "forced"]
-    assert [t.text for t in issued] == [f'\n<call_tool name="local_search">{QUESTION.rstrip("?")}</call_tool>']
+    assert [t.text for t in issued] == [f'\n<call_tool name="local_search">{QUESTION}</call_tool>']
     assert issued[0].stage == "research" and sum(issued[0].mask) == 0  # never trained
     # The turn after the plan is the forced call, then its tool output: the model was not asked in between.
     kinds = [(t.stage, t.kind) for t in traj.turns]
@@ -245,7 +245,7 @@ def test_question_first_keeps_a_question_with_markup_as_one_query_and_respects_a
 ) -> None:
     question = 'What does "</call_tool>" mean in <b>this</b> scaffold?'
     traj = run(ScriptedPolicy(well_formed(n_calls=1)), local_tools, question=question, question_first=True).trajectory
-    assert traj.tool_calls[0].query == question.rstrip("?")  # built, not parsed back out of the text
+    assert traj.tool_calls[0].query == question  # built, not parsed back out of the text
     assert traj.tool_calls[0].error is None
     # No tool budget: no search at all, not even the question's.
     traj = run(ScriptedPolicy(well_formed(n_calls=1)), local_tools, question_first=True, max_tool_calls=0).trajectory
@@ -255,7 +255,7 @@ def test_question_first_keeps_a_question_with_markup_as_one_query_and_respects_a
 def test_question_first_with_a_budget_of_one_leaves_the_model_its_tool_free_final_turn(local_tools: dict) -> None:  # type: ignore[type-arg]
     policy = ScriptedPolicy(well_formed(n_calls=1))
     traj = run(policy, local_tools, question_first=True, max_tool_calls=1).trajectory
-    assert [c.query for c in traj.tool_calls] == [QUESTION.rstrip("?")]
+    assert [c.query for c in traj.tool_calls] == [QUESTION]
     # plan, then (after the graph's search) one tool-free research turn that reviews, then the answer
     assert [stage_of(c["stop"]) for c in policy.calls] == ["plan", "research", "answer"]
     assert compliance(traj)["tool_calls"] == 0
