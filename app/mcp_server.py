@@ -58,6 +58,8 @@ class ResearchOptions(BaseModel):
     seed: int | None = Field(default=None, description="Sampling seed (reproducible where the backend allows).")
     wall_clock_s: float | None = Field(default=None, gt=0, le=3600, description="Hard time limit, seconds.")
     inject_bank: bool | None = Field(default=None, description="Use rubric-bank reflections in the prompt.")
+    question_first: bool | None = Field(
+        default=None, description="The first search is the question itself, made by the agent (default: on).")
     tools: list[str] | None = Field(default=None, description="Which configured search tools to use (default: all).")
 
 
