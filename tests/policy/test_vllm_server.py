@@ -24,6 +24,7 @@ QUESTION = "What language were books being translated into during the era of Hay
 SMALL = RunOptions(
     format="short_form", max_tool_calls=1, temperature=0.0, seed=0, wall_clock_s=120,
     token_caps=StageTokenCaps(plan=64, research=32, review=32, answer=32), context_tokens=8192,
+    question_first=False,  # the script writes the one call itself: every stage has a sampled turn
 )  # fmt: skip
 
 
