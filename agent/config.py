@@ -19,12 +19,13 @@ FormatLabel = Literal["exact_answer", "short_form", "long_form"]
 
 
 class StageTokenCaps(BaseModel):
-    """Maximum new tokens per generation call, by stage (research is per tool-call turn)."""
+    """Maximum new tokens per generation call, by stage (research is per tool-call turn); at least 16
+    (agent.sequence.MIN_NEW_TOKENS), below which a stage cannot say anything and the run would fail."""
 
-    plan: int = Field(default=384, ge=8, le=32768)
-    research: int = Field(default=256, ge=8, le=32768)
-    review: int = Field(default=384, ge=8, le=32768)
-    answer: int = Field(default=768, ge=8, le=32768)
+    plan: int = Field(default=384, ge=16, le=32768)
+    research: int = Field(default=256, ge=16, le=32768)
+    review: int = Field(default=384, ge=16, le=32768)
+    answer: int = Field(default=768, ge=16, le=32768)
 
     def cap(self, stage: Stage) -> int:
         """The cap for one stage."""

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from agent.errors import AgentError, IngestError, InputError
 from app import cli_bank, cli_batch, cli_deeprubric, cli_loop, cli_mcp, cli_resume, cli_sft, cli_train, cli_ui
-from app import cli_users
+from app import cli_policy_server, cli_users
 from app.cli_common import Progress
 from app.cli_common import run_options as _run_options
 from app.container import ConfigurationError
@@ -338,6 +338,7 @@ def parser() -> argparse.ArgumentParser:
     cli_ui.add_parsers(sub)
     cli_mcp.add_parsers(sub)
     cli_users.add_parsers(sub)
+    cli_policy_server.add_parsers(sub)
     return p
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from agent.config import RunOptions, StageTokenCaps
 from agent.policy import ReplicaSet
+from agent.sequence import MIN_NEW_TOKENS
 from app.container import (
     ConfigurationError,
     Say,
@@ -63,6 +64,17 @@ async def unload_stale(policy: Any, names: list[str]) -> None:
             _log.warning("could not unload %s: %s", name, exc)
 
 
+async def _listed(policy: Any) -> list[str]:
+    """Every name any replica serves; none when the server cannot be asked (the unload is best effort)."""
+    try:
+        if isinstance(policy, ReplicaSet):
+            return sorted({m for names in (await policy.listed()).values() for m in names})
+        return list(await policy.list_models())
+    except Exception as exc:  # noqa: BLE001 - a leftover step adapter costs memory, not correctness
+        _log.warning("could not list the served adapters: %s", exc)
+        return []
+
+
 def rollback_target(registry: Registry) -> PolicyVersion:
     """The version `Registry.rollback` would make live, found without moving `live` (the same rule: the version the
     promotion of the current live one replaced, rollbacks skipped), so it can be loaded everywhere first.
@@ -111,7 +123,8 @@ def probe_options(settings: Settings) -> RunOptions:
     caps = settings.learning.retrain.max_token_caps
     return settings.agent.defaults.model_copy(update={
         "temperature": 0.0, "inject_bank": False, "max_tool_calls": 2,
-        "token_caps": StageTokenCaps(plan=caps, research=caps // 2, review=caps, answer=caps)})
+        # research at least MIN_NEW_TOKENS, as in training: half of a 16-token cap failed every probe run
+        "token_caps": StageTokenCaps(plan=caps, research=max(MIN_NEW_TOKENS, caps // 2), review=caps, answer=caps)})
 
 
 class RetrainApp:
@@ -159,14 +172,20 @@ class RetrainApp:
                           research_tokens=max(16, caps // 2), review_tokens=caps, answer_tokens=caps,
                           max_tool_calls=2, reflection_candidates=2, reflection_tokens=max(16, caps),
                           curriculum_window=1)
-        # Training rollouts run on the embedded backend in this process (vLLM may be asleep in one-GPU mode).
-        train_settings = self.settings.model_copy(update={"agent": self.settings.agent.model_copy(update={
-            "policy_backend": "embedded"})})
+        # Rollouts are served by the configured vLLM (each step's adapter loaded into it as CYCLE@STEP, a group's
+        # rollouts sent at once so continuous batching serves them). In one-GPU mode vLLM sleeps while training, so
+        # the rollouts run on the embedded backend in this process instead.
+        on_vllm = self.settings.agent.policy_backend == "vllm" and not r.sleep_policy_server
+        train_settings = self.settings if on_vllm else self.settings.model_copy(update={
+            "agent": self.settings.agent.model_copy(update={"policy_backend": "embedded"})})
         parts, folder = build_trainer(train_settings, cfg, self.say)
         try:
             summary = await train(cfg, parts, folder, progress=lambda row: self.say(
                 str(row.get("message") or f"  step {row['step'] + 1}/{cfg.steps}: loss {row['task/loss']:+.4f}")))
         finally:
+            if on_vllm:  # the run's step adapters leave the server; the candidate is loaded under its own name
+                await unload_stale(parts.policy, [m for m in await _listed(parts.policy)
+                                                  if m.startswith(f"{cycle.cycle_id}@")])
             await parts.policy.aclose()
         if summary.adapter is None:
             raise RuntimeError("training produced no adapter")

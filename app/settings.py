@@ -77,6 +77,27 @@ class SessionsConfig(BaseModel):
         "llamacpp), off for the embedded model.")
 
 
+class PolicyServerConfig(BaseModel):
+    """`rubricem policy-server`: a local vLLM (the CPU build from `make vllm`) serving the policy; its host, port and
+    served name come from RUBRICEM_AGENT__POLICY_BASE_URL and __POLICY_MODEL (env: RUBRICEM_POLICY_SERVER__<FIELD>)."""
+
+    python: Path | None = Field(default=None, description="Interpreter of the vLLM environment (default: "
+                                "<project>/.vllm/bin/python, which `make vllm` creates).")
+    kv_cache_gib: float = Field(default=1.0, gt=0, le=256, description="KV cache of the CPU backend, GiB "
+                                "(VLLM_CPU_KVCACHE_SPACE).")
+    max_model_len: int = Field(default=4096, ge=256, description="Context window the server accepts, tokens.")
+    max_lora_rank: int = Field(default=16, ge=1, le=512, description="Largest adapter rank it loads (the CPU LoRA "
+                               "kernels pad to it: keep it at the adapters' rank).")
+    max_loras: int = Field(default=1, ge=1, le=64, description="Adapters served in one batch; requests for another "
+                           "wait for the batch, they are not refused.")
+    cpu_bind: str = Field(default="all", pattern=r"^(all|auto|[0-9][0-9,\-]*)$", description="OpenMP cores of the "
+                          "worker: all (every core), auto (vLLM's choice, which keeps one for its front end), or a "
+                          "list like 0-1.")
+    reserved_cpus: int = Field(default=0, ge=0, description="Cores vLLM keeps for its front end "
+                               "(VLLM_CPU_NUM_OF_RESERVED_CPU).")
+    start_timeout_s: float = Field(default=300.0, gt=0, description="How long to wait for the server to serve.")
+
+
 class Settings(BaseSettings):
     """All configuration of the application."""
 
@@ -90,6 +111,7 @@ class Settings(BaseSettings):
     ui: UIConfig = UIConfig()
     mcp: McpServeConfig = McpServeConfig()
     sessions: SessionsConfig = SessionsConfig()
+    policy_server: PolicyServerConfig = PolicyServerConfig()
 
 
 def _env_lines(model: type[BaseModel], prefix: str) -> list[str]:

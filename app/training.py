@@ -110,7 +110,8 @@ def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: No
 
     model_dir = cfg.model_dir or settings.agent.embedded_model_path or ensure_converted(settings.store.model_cache)
     parts = TrainerParts(policy=policy, run_session=run_session, log=log, judge=judge, model_dir=Path(model_dir),
-                         questions=train_q, reflect=reflect if cfg.reflection else None, bank=bank)
+                         questions=train_q, reflect=reflect if cfg.reflection else None, bank=bank,
+                         concurrent_rollouts=settings.agent.policy_backend != "embedded")
     if pairs is not None:
         from learning.deeprubric.pairs import persistent_by_question
 

@@ -103,6 +103,9 @@ class TrainerParts:
     bank: RubricBank | None = None  # the run's own bank collection
     persistent: Mapping[str, tuple[Rubric, ...]] = field(default_factory=dict)  # question -> persistent rubrics
     rubric_reward: GroupReward | None = None  # required by reward = "deeprubric"
+    # A group's rollouts run at once against a serving engine (vLLM batches them continuously); one after another
+    # on the in-process policy, which samples one sequence at a time anyway and keeps the order of its seeds.
+    concurrent_rollouts: bool = False
 
 
 @dataclass
@@ -219,13 +222,27 @@ async def collect_group(parts: TrainerParts, cfg: TrainConfig, sb: StepBatch, qi
     question = parts.questions[sb.indices[qi]]
     sids: list[str] = []
     trajs: list[Trajectory] = []
-    for i in range(cfg.rollouts):
-        try:
-            sid, traj = await parts.run_session(question, run_options(cfg, rollout_seed(cfg.seed, sb.step, qi, i),
-                                                                      sb.mode))
-        except Exception:  # noqa: BLE001 - a failed rollout is recorded as failed in the log; the group goes on
+
+    def rollout(i: int) -> Awaitable[tuple[str, Trajectory]]:
+        return parts.run_session(question, run_options(cfg, rollout_seed(cfg.seed, sb.step, qi, i), sb.mode))
+
+    if parts.concurrent_rollouts:
+        outcomes: list[Any] = list(await asyncio.gather(*(rollout(i) for i in range(cfg.rollouts)),
+                                                        return_exceptions=True))
+    else:
+        outcomes = []
+        for i in range(cfg.rollouts):
+            try:
+                outcomes.append(await rollout(i))
+            except Exception as exc:  # noqa: BLE001 - recorded as failed in the log; the group goes on
+                outcomes.append(exc)
+    for outcome in outcomes:  # in rollout order, whichever finished first
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, Exception):
+                raise outcome
             counts["rollouts_failed"] += 1
             continue
+        sid, traj = outcome
         sids.append(sid)
         trajs.append(traj)
         counts["malformed"] += int(traj.malformed or "answer" not in traj.stages_present)
@@ -384,7 +401,7 @@ def _update(model: Any, optimizer: Any, seqs: list[TrainSequence], tokenizer: An
     try:
         return policy_update(model, optimizer, seqs, pad_id=int(tokenizer.pad_token_id), clip=cfg.clip,
                              beta=cfg.beta, token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm,
-                             temperature=temperature, backward=accelerator.backward)
+                             temperature=temperature, backward=accelerator.backward, tis_cap=cfg.tis_cap)
     finally:
         release_freed_memory()  # the update's multi-GB peak goes back to the OS, not kept by malloc (learning.memory)
 

@@ -5,6 +5,8 @@ Pure torch, no I/O. Shared by the SS-GRPO loop and the reflection trainer; only 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -36,6 +38,23 @@ def _check_inputs(tensors: dict[str, Tensor], mask: Tensor, clip: float, beta: f
         raise ValueError(f"beta must be a finite number >= 0, got {beta}")
 
 
+def tis_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """Truncated importance-sampling weights min(π_old / π_sampler, cap) per token (Yao et al., 2025, "Your
+    efficient RL framework secretly brings you off-policy RL training"), detached.
+
+    The tokens were drawn from the sampler's distribution (vLLM's kernels), while the update's π_old is the trainer's
+    own recomputation (torch); the ratio corrects for the difference and the cap bounds its variance. Where the
+    sampler reported no finite log-prob, or the token is not trainable, the weight is 1.
+    """
+    if cap <= 0 or not math.isfinite(cap):
+        raise ValueError(f"the TIS cap must be a finite number > 0, got {cap}")
+    old = old_logprobs.detach().float()
+    sampler = sampler_logprobs.detach().to(old.device, torch.float32)
+    usable = mask.to(device=old.device, dtype=torch.bool) & torch.isfinite(sampler) & torch.isfinite(old)
+    log_ratio = torch.where(usable, old - sampler, torch.zeros((), device=old.device)).clamp(max=math.log(cap))
+    return torch.where(usable, torch.exp(log_ratio), torch.ones((), device=old.device))
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -44,8 +63,12 @@ def policy_loss(
     mask: Tensor,
     clip: float = 0.2,
     beta: float = 0.001,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO-clip surrogate with the KL3 penalty, averaged over every trainable token of the batch.
+
+    `is_weights` (constants, e.g. `tis_weights`) multiply each token's surrogate: the truncated importance-sampling
+    correction for tokens sampled by another engine than the one computing π_old. The KL term is not weighted.
 
     Per trainable token t: ρ = exp(logprobs − old_logprobs), surrogate = min(ρ·A, clip(ρ, 1−clip, 1+clip)·A),
     k3 = exp(ref − logprobs) − (ref − logprobs) − 1, and loss_t = −surrogate + beta·k3. The loss is
@@ -111,7 +134,10 @@ def policy_loss(
     ref_log_ratio = (ref - lp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     k3 = torch.exp(ref_log_ratio) - ref_log_ratio - 1.0  # KL3 estimator of KL(π_θ ‖ π_ref); 0 at masked tokens
 
-    per_token = torch.where(m, -surrogate + beta * k3, zero)
+    weight = neutral(is_weights.detach()) if is_weights is not None else torch.where(m, 1.0, zero)
+    if is_weights is not None and not bool(torch.isfinite(weight).all()):
+        raise ValueError("NaN or inf at trainable (mask = 1) positions of: is_weights")
+    per_token = torch.where(m, -weight * surrogate + beta * k3, zero)
     n_tokens = m.sum()
     loss = per_token.sum() / n_tokens.clamp(min=1).to(dtype)
 
@@ -131,7 +157,9 @@ def policy_loss(
                 n_tokens.to(dtype),
                 torch.where(m, -surrogate, zero).sum() / n,
                 adv.sum() / n,
+                torch.where(has, weight.sum() / n, one),
             ]
         ).tolist()  # one device sync for all metrics
-    keys = ("clip_fraction", "kl", "ratio_mean", "ratio_min", "ratio_max", "n_tokens", "pg_loss", "advantage_mean")
+    keys = ("clip_fraction", "kl", "ratio_mean", "ratio_min", "ratio_max", "n_tokens", "pg_loss", "advantage_mean",
+            "is_weight_mean")
     return loss, dict(zip(keys, (float(v) for v in stats)))

@@ -92,6 +92,7 @@ class Batch:
     targets: torch.Tensor
     mask: torch.Tensor
     advantages: torch.Tensor
+    sampler_logprobs: torch.Tensor | None = None  # (B, T) what the sampler reported, NaN where it reported nothing
 
     @property
     def n_tokens(self) -> int:
@@ -111,6 +112,7 @@ def collate(seqs: Sequence[TrainSequence], pad_id: int, device: torch.device | s
     targets = torch.zeros((b, t_max), dtype=torch.long)  # (B, T)
     mask = torch.zeros((b, t_max), dtype=torch.float32)  # (B, T)
     adv = torch.zeros((b, t_max), dtype=torch.float32)  # (B, T)
+    sampler = torch.full((b, t_max), float("nan"), dtype=torch.float32)  # (B, T)
     for i, s in enumerate(seqs):
         ids = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
         input_ids[i, : len(ids)] = ids
@@ -120,8 +122,10 @@ def collate(seqs: Sequence[TrainSequence], pad_id: int, device: torch.device | s
             targets[i, :n] = torch.tensor(s.response_ids, dtype=torch.long)
             mask[i, :n] = torch.tensor(s.mask, dtype=torch.float32)
             adv[i, :n] = torch.tensor(s.advantages, dtype=torch.float32)
+            if len(s.sampled_logprobs) == n:
+                sampler[i, :n] = torch.tensor(s.sampled_logprobs, dtype=torch.float32)
     prompt_lens = torch.tensor([len(s.prompt_ids) for s in seqs], dtype=torch.long)  # (B,)
-    return Batch(*(t.to(device) for t in (input_ids, attention, prompt_lens, targets, mask, adv)))
+    return Batch(*(t.to(device) for t in (input_ids, attention, prompt_lens, targets, mask, adv, sampler)))
 
 
 def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:

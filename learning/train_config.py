@@ -51,6 +51,10 @@ class TrainConfig(BaseModel):
     full_finetune: bool = Field(default=False, description="Train every weight instead of a LoRA adapter.")
     clip: float = Field(default=0.2, gt=0, lt=1, description="PPO clip ε (D5).")
     beta: float = Field(default=0.001, ge=0, description="KL3 coefficient β (D5).")
+    tis_cap: float | None = Field(default=2.0, gt=0, description="Truncated importance sampling: weight each "
+                                  "token's surrogate by min(π_old / π_sampler, cap), π_old being the trainer's "
+                                  "recomputation and π_sampler what the serving engine reported (vLLM or the "
+                                  "embedded policy); null turns the correction off.")
     max_grad_norm: float = Field(default=1.0, gt=0)
     temperature: float = Field(default=1.0, gt=0, description="Rollout sampling temperature (paper: 1.0).")
     max_tool_calls: int = Field(default=2, ge=1, le=10, description="Tool calls per rollout (paper: 10).")

@@ -5,8 +5,16 @@ The loss is a token-level masked mean over every trainable token of the whole up
 masked mean is weighted by its share of the update's trainable tokens before backward, so splitting into
 micro-batches does not change the gradient. There is one optimizer step per batch, so the "old" policy is the current
 one: old log-probs are the gradient pass's own, detached (ρ = 1, the clip is inactive; no extra forward pass, as in
-TRL with one iteration). The sampler's log-probs differ under temperature and across engines; the gap is reported
-as `sampler_logprob_gap`. The reference policy is the base model: the LoRA adapter disabled (no second copy).
+TRL with one iteration). The reference policy is the base model: the LoRA adapter disabled (no second copy).
+
+Which log-probs are π_old, and the train/inference mismatch. The update's π_old is the trainer's own recomputation,
+never the sampler's: the ratio ρ must compare the same kernels, or every token would be "off-policy" by the numeric
+gap between engines (vLLM's bf16 kernels against torch's), and ρ would clip on noise. But the tokens were drawn from
+the sampler's distribution, not the trainer's, so with `tis_cap` set each token's surrogate is weighted by the
+truncated importance ratio min(π_old / π_sampler, tis_cap) (`learning.loss.tis_weights`): the standard correction
+for that mismatch. Tokens without a sampler log-prob get weight 1. The gap is reported as `sampler_logprob_gap` (mean
+|Δ log p|), `sampler_logprob_gap_max` and `sampler_kl` (the k3 estimate of KL(sampler ‖ trainer) per token), and the
+mean weight as `is_weight_mean`.
 """
 
 from __future__ import annotations
@@ -14,13 +22,13 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from learning.loss import policy_loss
+from learning.loss import policy_loss, tis_weights
 from learning.sequences import Batch, TrainSequence, collate, micro_batches, response_logprobs
 
 
@@ -72,6 +80,7 @@ def policy_update(
     max_grad_norm: float = 1.0,
     temperature: float = 1.0,
     backward: Callable[[torch.Tensor], None] | None = None,
+    tis_cap: float | None = None,
 ) -> UpdateStats:
     """Train once on `seqs` (sequences without trainable tokens are dropped).
 
@@ -86,6 +95,7 @@ def policy_update(
         max_grad_norm: gradient clipping.
         temperature: the sampling temperature the log-probs are taken at.
         backward: `accelerator.backward` under accelerate (default: loss.backward()).
+        tis_cap: weight each token's surrogate by min(π_old / π_sampler, tis_cap); None: no correction.
     """
     started = time.perf_counter()
     stats = UpdateStats()
@@ -112,8 +122,11 @@ def policy_update(
             logp = response_logprobs(model, b, temperature)  # (B, T)
             old_lp = logp.detach()
             olds.append(old_lp)
+            weights = None
+            if tis_cap is not None and b.sampler_logprobs is not None:
+                weights = tis_weights(old_lp, b.sampler_logprobs, b.mask, tis_cap)
             loss, m = policy_loss(logp, old_lp, old_lp if ref_lp is None else ref_lp, b.advantages, b.mask,
-                                  clip=clip, beta=beta)
+                                  clip=clip, beta=beta, is_weights=weights)
             share = float(b.mask.sum()) / total
             scaled = loss * share
             (backward or torch.Tensor.backward)(scaled)
@@ -137,8 +150,7 @@ def policy_update(
     model.train(was_training)
     stats.loss, stats.grad_norm = loss_total, grad_norm
     stats.sequences, stats.trainable_tokens = len(seqs), int(total)
-    stats.metrics = {k: round(v, 6) for k, v in sums.items()} | {"sampler_logprob_gap": _sampler_gap(seqs, batches,
-                                                                                                         olds)}
+    stats.metrics = {k: round(v, 6) for k, v in sums.items()} | sampler_mismatch(batches, olds)
     stats.seconds = time.perf_counter() - started
     return stats
 
@@ -154,18 +166,20 @@ def _accumulate(sums: dict[str, float], m: dict[str, float], share: float) -> No
             sums[k] = sums.get(k, 0.0) + v * share
 
 
-def _sampler_gap(seqs: Sequence[TrainSequence], batches: Sequence[Batch], old: Sequence[torch.Tensor]) -> float:
-    """Mean |recomputed - sampler| log-prob over trainable tokens that have a sampler log-prob (NaN if none)."""
-    order = [s for s in sorted(seqs, key=lambda s: len(s.prompt_ids) + len(s.response_ids), reverse=True)]
-    it: Iterator[TrainSequence] = iter(order)
-    diffs: list[float] = []
+def sampler_mismatch(batches: Sequence[Batch], old: Sequence[torch.Tensor]) -> dict[str, float]:
+    """The train/inference gap over trainable tokens that have a sampler log-prob (NaN when none do): mean and max
+    |recomputed − sampler| log-prob, and the per-token k3 estimate of KL(sampler ‖ trainer) on the sampled tokens,
+    exp(Δ) − Δ − 1 with Δ = trainer − sampler (unbiased for tokens drawn from the sampler)."""
+    diffs: list[torch.Tensor] = []
     for b, lp in zip(batches, old, strict=True):
-        rows = lp.tolist()  # one device sync per micro-batch, not per token
-        for row in rows:
-            s = next(it)
-            if len(s.sampled_logprobs) != len(s.response_ids):
-                continue
-            for t, (m, sl) in enumerate(zip(s.mask, s.sampled_logprobs, strict=True)):
-                if m and math.isfinite(sl):
-                    diffs.append(abs(row[t] - sl))
-    return round(sum(diffs) / len(diffs), 6) if diffs else float("nan")
+        if b.sampler_logprobs is None:
+            continue
+        usable = b.mask.bool() & torch.isfinite(b.sampler_logprobs) & torch.isfinite(lp)
+        diffs.append((lp.float() - b.sampler_logprobs.float())[usable])
+    d = torch.cat(diffs) if diffs else torch.empty(0)
+    if d.numel() == 0:
+        return {"sampler_logprob_gap": float("nan"), "sampler_logprob_gap_max": float("nan"),
+                "sampler_kl": float("nan")}
+    k3 = torch.exp(d.clamp(-20, 20)) - d - 1
+    return {"sampler_logprob_gap": round(float(d.abs().mean()), 6),
+            "sampler_logprob_gap_max": round(float(d.abs().max()), 6), "sampler_kl": round(float(k3.mean()), 6)}

@@ -171,6 +171,50 @@ def local_tools(small_index: object) -> dict[str, object]:
     return {"local_search": LocalSearch(small_index, k=3, snippet_chars=300)}  # type: ignore[arg-type]
 
 
+# --- the real vLLM (CPU build, `make vllm`) -----------------------------------------------------------------------
+
+VLLM_START_TIMEOUT_S = 420.0  # about 60 s on an idle 2-core machine; much longer beside other tests
+
+
+def start_real_vllm(model_dir: Path, log_dir: Path, **spec: object) -> object:
+    """Start a real vLLM server (app.policy_server) on a free loopback port, or skip/fail the test when it is missing:
+    fail under `make test` (RUBRICEM_TEST_REQUIRE_VLLM=1, CI), skip elsewhere, with the command that installs it."""
+    from app.policy_server import LocalVLLMServer, VLLMNotInstalled, VLLMServerSpec, VLLMStartError, check_installed
+
+    base = VLLMServerSpec(model_dir=model_dir, port=free_port())
+    server = LocalVLLMServer(VLLMServerSpec(**{**{f: getattr(base, f) for f in base.__slots__}, **spec}),
+                             log_path=log_dir / "vllm.log")
+    try:
+        check_installed(server.spec.python)
+    except VLLMNotInstalled as exc:
+        if os.environ.get("RUBRICEM_TEST_REQUIRE_VLLM") == "1":
+            pytest.fail(str(exc), pytrace=False)
+        pytest.skip(str(exc))
+    try:
+        return server.start(timeout_s=VLLM_START_TIMEOUT_S)
+    except VLLMStartError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def real_vllm(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One real vLLM server for the whole run, serving the converted SmolLM2 as `policy` with runtime LoRA loading.
+
+    Tests that load an adapter unload it again (the server is shared); `.url` is its root, `.spec` its flags.
+    While developing, RUBRICEM_TEST_VLLM_PORT=P reuses a server already running on 127.0.0.1:P with the default
+    spec (`rubricem policy-server --port P`), instead of starting one per run.
+    """
+    port = os.environ.get("RUBRICEM_TEST_VLLM_PORT")
+    if port:
+        from app.policy_server import LocalVLLMServer, VLLMServerSpec
+
+        yield LocalVLLMServer(VLLMServerSpec(model_dir=smollm2_dir, port=int(port)))  # not ours to stop
+        return
+    server = start_real_vllm(smollm2_dir, tmp_path_factory.mktemp("vllm"))
+    yield server
+    server.stop()  # type: ignore[attr-defined]
+
+
 # --- a vLLM 0.33 stand-in (tests/vllm_server.py) -------------------------------------------------------------------
 
 @pytest.fixture

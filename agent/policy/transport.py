@@ -7,6 +7,7 @@ import asyncio
 import logging
 import re
 import time
+from urllib.parse import urlsplit
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
@@ -38,6 +39,8 @@ _CONTEXT_PATTERNS = re.compile(
 class HTTPPolicyBase:
     """Shared transport: one `httpx.AsyncClient`, retries with backoff and jitter, error mapping."""
 
+    unreachable_hint = ""  # appended to "cannot reach the policy server": how to start the server this client needs
+
     def __init__(
         self,
         base_url: str,
@@ -59,6 +62,7 @@ class HTTPPolicyBase:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         self._model = model
+        self._shown_root = _without_userinfo(root)  # for error messages: never a password in the URL
         self._closed = False
         self._max_retries = int(max_retries)
         self._backoff_s = float(backoff_s)
@@ -142,7 +146,8 @@ class HTTPPolicyBase:
                 last = PolicyTimeout(f"{method} {path}: no answer within the timeout ({type(exc).__name__})")
             except httpx.TransportError as exc:
                 last = PolicyUnavailable(
-                    f"{method} {path}: cannot reach the policy server ({type(exc).__name__}: {exc})"
+                    f"{method} {path}: cannot reach the policy server at {self._shown_root} "
+                    f"({type(exc).__name__}: {exc}){self.unreachable_hint}"
                 )
             else:
                 status = resp.status_code
@@ -177,6 +182,13 @@ class HTTPPolicyBase:
         if not isinstance(data, dict):
             raise PolicyUnavailable(f"POST {path}: expected a JSON object, got {type(data).__name__}")
         return data
+
+
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{netloc}{f':{parts.port}' if parts.port else ''}{parts.path}"
 
 
 def error_details(resp: httpx.Response) -> tuple[str, str | None]:

@@ -57,6 +57,8 @@ class VLLMPolicyClient(HTTPPolicyBase):
     `list_models`, `sleep`, `wake_up` and `is_sleeping` wrap the other management routes.
     """
 
+    unreachable_hint = "; is vLLM running there? `rubricem policy-server` (or `make policy-server`) starts a local one"
+
     def __init__(
         self,
         base_url: str,
@@ -240,7 +242,10 @@ class VLLMPolicyClient(HTTPPolicyBase):
         if not name or not lora_path:
             raise ValueError("load_lora_adapter needs a non-empty adapter name and path")
         body = {"lora_name": name, "lora_path": lora_path, "load_inplace": bool(load_inplace)}
-        resp = await self._lora_request("/v1/load_lora_adapter", body)
+        try:
+            resp = await self._lora_request("/v1/load_lora_adapter", body)
+        except PolicyRequestError as exc:  # vLLM's message hides the folder ("No adapter found for <path>"): name it
+            raise PolicyRequestError(f"{exc} (adapter {name!r} from {lora_path})", status_code=exc.status_code) from exc
         if resp.status_code >= 500:
             message, _ = error_details(resp)
             raise PolicyUnavailable(

@@ -56,6 +56,41 @@ def test_an_update_changes_every_lora_parameter_and_no_base_parameter(smollm2_di
     assert policy_update(model, opt, masked, pad_id=tok.pad_token_id).skipped == "no trainable tokens"
 
 
+def test_the_update_weights_tokens_by_the_truncated_sampler_ratio_when_asked(smollm2_dir: Path) -> None:
+    """Sampler log-probs 1 nat below the trainer's give every token the capped weight e^1 → 2 with tis_cap=2; the
+    same update without the cap has weight 1. The mismatch metrics measure the gap (mean and max 1, KL e − 2)."""
+    model, tok = load_trainable(smollm2_dir, lora=SMALL_LORA, seed=0)
+    opt = torch.optim.SGD(trainable_parameters(model), lr=0.0)  # the weights stay put: both runs see the same π_old
+    plain = _sequences(tok)
+
+    def shifted(by: float) -> list[TrainSequence]:
+        return [TrainSequence(s.prompt_ids, s.response_ids, s.mask, s.stages, s.advantages,
+                              tuple(x - by for x in _trainer_logprobs(model, tok, s))) for s in plain]
+
+    with_cap = policy_update(model, opt, shifted(1.0), pad_id=tok.pad_token_id, beta=0.0, tis_cap=2.0)
+    without = policy_update(model, opt, shifted(1.0), pad_id=tok.pad_token_id, beta=0.0, tis_cap=None)
+    below = policy_update(model, opt, shifted(-0.5), pad_id=tok.pad_token_id, beta=0.0, tis_cap=2.0)
+    assert with_cap.metrics["is_weight_mean"] == pytest.approx(2.0, abs=1e-3)
+    assert without.metrics["is_weight_mean"] == 1.0
+    assert below.metrics["is_weight_mean"] == pytest.approx(math.exp(-0.5), abs=2e-3)
+    assert with_cap.loss == pytest.approx(2.0 * without.loss, rel=1e-3)  # ρ = 1: the loss is the weighted −A mean
+    assert with_cap.metrics["sampler_logprob_gap"] == pytest.approx(1.0, abs=1e-3)
+    assert with_cap.metrics["sampler_kl"] == pytest.approx(math.e - 2, abs=2e-3)
+    no_sampler = policy_update(model, opt, plain, pad_id=tok.pad_token_id, beta=0.0, tis_cap=2.0)
+    assert no_sampler.metrics["is_weight_mean"] == 1.0 and math.isnan(no_sampler.metrics["sampler_logprob_gap"])
+
+
+def _trainer_logprobs(model: Any, tok: Any, s: TrainSequence) -> tuple[float, ...]:
+    """The trainer's own log-probs of `s`'s response tokens (the same pass the update takes, no gradient)."""
+    from learning.sequences import collate, response_logprobs
+
+    model.eval()
+    with torch.no_grad():
+        lp = response_logprobs(model, collate([s], tok.pad_token_id), 1.0)[0]
+    model.train()
+    return tuple(float(x) for x in lp[: len(s.response_ids)])
+
+
 def _judgement(sid: str, **scores: float | None) -> Judgement:
     return Judgement(session_id=sid, question="q", judge_model="m", judge_kind="offline",
                      stages={s: StageResult(stage=s, score=v) for s, v in scores.items()})  # type: ignore[arg-type]

