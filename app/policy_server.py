@@ -66,6 +66,7 @@ class VLLMServerSpec:
     reserved_cpus: int = 0
     logprobs_mode: str = "processed_logprobs"
     api_key: str | None = None
+    runtime_lora: bool = True  # the load/unload adapter routes (VLLM_ALLOW_RUNTIME_LORA_UPDATING); off: no hot swap
     extra_args: tuple[str, ...] = field(default=())
 
     @property
@@ -111,7 +112,7 @@ def server_env(spec: VLLMServerSpec, base: dict[str, str] | None = None) -> dict
     """The server's environment: offline hub, runtime LoRA updating, the CPU backend's cache and thread settings."""
     env = dict(os.environ if base is None else base)
     env.update({
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1" if spec.runtime_lora else "0",
         "VLLM_CPU_KVCACHE_SPACE": f"{spec.kv_cache_gib:g}",
         "VLLM_CPU_NUM_OF_RESERVED_CPU": str(spec.reserved_cpus),
         "HF_HUB_OFFLINE": "1",

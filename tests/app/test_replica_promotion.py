@@ -1,5 +1,7 @@
 """Several vLLM replicas behind the real app: the replica settings, `rubricem promote` / `rollback` and a retraining
-cycle against two real vLLM stand-in servers (tests/vllm_server.py), one of which fails the load or is down.
+cycle against two real vLLM servers (the CPU build, `make vllm`): the run's shared server, and a second one started
+with --max-lora-rank 8, so a rank-16 adapter really fails to load there (replicas configured differently), and which
+is stopped and restarted for the rollback.
 
 `live` moves only once every replica lists the version; when a replica fails, the adapter is unloaded where this
 attempt loaded it, `live` stays, and the failing replica is named (in the cycle's record for a cycle)."""
@@ -8,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
-from agent.config import AgentConfig, RunOptions, StageTokenCaps
+from agent.config import SHIPPED_SFT_ADAPTER, AgentConfig, RunOptions, StageTokenCaps
 from agent.errors import ReplicaError
 from agent.policy import ReplicaSet, VLLMPolicyClient
 from app.cli import main
@@ -24,21 +28,34 @@ from app.service import ResearchService
 from app.settings import Settings
 from store.registry import Registry
 from store.session_log import SessionLog
-from tests.policy.test_vllm_server import research_script
-from tests.vllm_server import VLLMStandInServer
+from tests.adapters import reshaped_adapter
+from tests.conftest import VLLM_START_TIMEOUT_S
 
 OPTIONS = RunOptions(
     format="short_form", max_tool_calls=1, temperature=0.0, seed=0, wall_clock_s=120,
     token_caps=StageTokenCaps(plan=64, research=32, review=32, answer=32), context_tokens=8192,
 )  # fmt: skip
-KEY = "sk-REPLICA-KEY-5678"
 
 
-@pytest.fixture
-def pair(smollm2_dir: Path) -> Iterator[tuple[VLLMStandInServer, VLLMStandInServer]]:
-    with VLLMStandInServer(smollm2_dir, script=research_script, api_key=KEY) as a, \
-            VLLMStandInServer(smollm2_dir, script=research_script, api_key=KEY) as b:
-        yield a, b
+@pytest.fixture(scope="module")
+def replica_b(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A second real vLLM that loads adapters up to rank 8 only."""
+    from tests.conftest import start_real_vllm
+
+    server: Any = start_real_vllm(smollm2_dir, tmp_path_factory.mktemp("vllm-b"), max_lora_rank=8)
+    yield server
+    server.stop()
+
+
+def _listed(server: Any) -> dict[str, str]:
+    """The adapters a server serves, by name, with the folder each was loaded from."""
+    cards = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+    return {c["id"]: c["root"] for c in cards if c.get("parent")}
+
+
+def _unload_all(server: Any) -> None:
+    for name in _listed(server):
+        httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30)
 
 
 def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **values: str) -> None:
@@ -54,8 +71,8 @@ def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **values: str) -> None
 
 def _replica_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *urls: str, **more: str) -> Settings:
     values = {"STORE__DATA_DIR": str(tmp_path / "data"), "AGENT__POLICY_BACKEND": "vllm",
-              "AGENT__POLICY_BASE_URLS": json.dumps(list(urls)), "AGENT__POLICY_API_KEY": KEY,
-              "AGENT__POLICY_MAX_RETRIES": "1", "AGENT__POLICY_TIMEOUT_S": "30",
+              "AGENT__POLICY_BASE_URLS": json.dumps(list(urls)),
+              "AGENT__POLICY_MAX_RETRIES": "1", "AGENT__POLICY_TIMEOUT_S": "120",
               "LEARNING__RETRAIN__UNLOAD_GRACE_S": "0"}
     _env(monkeypatch, tmp_path, **(values | more))
     return Settings()
@@ -125,91 +142,83 @@ def _serve_two_sessions(settings: Settings) -> list[str]:
     return asyncio.run(go())
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_promote_and_rollback_move_live_only_once_every_replica_serves_the_version(
-    pair: tuple[VLLMStandInServer, VLLMStandInServer], smollm2_dir: Path, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    real_vllm: Any, replica_b: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a, b = pair
+    a, b = real_vllm, replica_b
     settings = _replica_env(monkeypatch, tmp_path, a.url, b.url)
     reg = Registry(SessionLog.from_config(settings.store))
     shared = tmp_path / "adapters"  # the adapters volume every replica mounts at the same path
-    v1 = reg.register(a.add_adapter_dir(shared / "one"), parent="base")
-    v2 = reg.register(a.add_adapter_dir(shared / "two"), parent=v1.name)
-
-    # A replica fails the load: live stays, the adapter is taken back from the other, the replica is named.
-    b.fail_lora_loads = "CUDA out of memory"
-    assert main(["promote", v1.name]) == 1
-    err = capsys.readouterr().err
-    assert "ReplicaError" in err and b.url in err and "CUDA out of memory" in err and KEY not in err
-    assert reg.live().name == "base" and a.adapters == {} and b.adapters == {}
-    assert [(kind, name) for _, kind, name in a.lora_events] == [("load", v1.name), ("unload", v1.name)]
-    assert _serve_two_sessions(settings) == ["policy", "policy"]  # `base` live: vLLM's base model name is sent
-
-    # Both load it: live moves, and both replicas serve it to the sessions that follow.
-    b.fail_lora_loads = None
-    assert main(["promote", v1.name]) == 0
-    assert f"live: base -> {v1.name}" in capsys.readouterr().out
-    assert reg.live().name == v1.name
-    assert a.adapters == b.adapters == {v1.name: v1.adapter_path}
-    assert _serve_two_sessions(settings) == [v1.name, v1.name]
-    assert any(s.model == v1.name for s in a.served) and any(s.model == v1.name for s in b.served)
-
-    assert main(["promote", v2.name]) == 0
-    assert a.adapters == b.adapters == {v1.name: v1.adapter_path, v2.name: v2.adapter_path}  # v1 kept for rollback
-
-    # Rollback with a replica down: refused with the replica named; live stays and v1 stays loaded on the other.
-    port = int(b.url.rsplit(":", 1)[1])
-    b.stop()
-    capsys.readouterr()
-    assert main(["rollback"]) == 1
-    err = capsys.readouterr().err
-    assert b.url in err and "cannot reach" in err
-    assert reg.live().name == v2.name and a.adapters == {v1.name: v1.adapter_path, v2.name: v2.adapter_path}
-
-    # The replica restarts (without its runtime-loaded adapters): the rollback loads v1 there, then live moves back.
-    restarted = VLLMStandInServer(smollm2_dir, script=research_script, api_key=KEY).start(port=port)
+    wide = reg.register(shutil.copytree(SHIPPED_SFT_ADAPTER, shared / "rank16"), parent="base")
+    v1 = reg.register(reshaped_adapter(SHIPPED_SFT_ADAPTER, shared / "one", rank=8), parent="base")
+    v2 = reg.register(reshaped_adapter(SHIPPED_SFT_ADAPTER, shared / "two", rank=8), parent=v1.name)
     try:
+        # A replica fails the load: live stays, the adapter is taken back from the other, the replica is named.
+        assert main(["promote", wide.name]) == 1
+        err = capsys.readouterr().err
+        assert "ReplicaError" in err and b.url in err and "LoRA rank 16 is greater than max_lora_rank 8" in err
+        assert reg.live().name == "base" and _listed(a) == {} and _listed(b) == {}
+        assert _serve_two_sessions(settings) == ["policy", "policy"]  # `base` live: vLLM's base model name is sent
+
+        # Both load it: live moves, and both replicas serve it to the sessions that follow.
+        assert main(["promote", v1.name]) == 0
+        assert f"live: base -> {v1.name}" in capsys.readouterr().out
+        assert reg.live().name == v1.name
+        assert _listed(a) == _listed(b) == {v1.name: v1.adapter_path}
+        assert _serve_two_sessions(settings) == [v1.name, v1.name]
+
+        assert main(["promote", v2.name]) == 0
+        assert _listed(a) == _listed(b) == {v1.name: v1.adapter_path, v2.name: v2.adapter_path}  # v1 kept for rollback
+
+        # Rollback with a replica down: refused with the replica named; live stays and v1 stays loaded on the other.
+        b.stop()
+        capsys.readouterr()
+        assert main(["rollback"]) == 1
+        err = capsys.readouterr().err
+        assert b.url in err and "cannot reach" in err
+        assert reg.live().name == v2.name and _listed(a) == {v1.name: v1.adapter_path, v2.name: v2.adapter_path}
+
+        # The replica restarts (without its runtime-loaded adapters): the rollback loads v1 there, then live moves.
+        b.start(timeout_s=VLLM_START_TIMEOUT_S)
+        assert _listed(b) == {}
         assert main(["rollback", "--reason", "bad answers"]) == 0
         assert f"live: {v2.name} -> {v1.name}" in capsys.readouterr().out
         assert reg.live().name == v1.name and reg.history(limit=1)[0].reason == "bad answers"
-        assert restarted.adapters == {v1.name: v1.adapter_path}
-        assert v1.name in a.adapters
+        assert _listed(b) == {v1.name: v1.adapter_path} and v1.name in _listed(a)
+        assert _serve_two_sessions(settings) == [v1.name, v1.name]
     finally:
-        restarted.stop()
+        _unload_all(a)
+        _unload_all(b)
 
 
 # --- a retraining cycle -----------------------------------------------------------------------------------------------
 
 
-def _finite_adapter(folder: Path, server: VLLMStandInServer) -> Path:
-    """A complete adapter folder with finite weights (the cycle's gate rejects a folder without them)."""
-    import torch
-    from safetensors.torch import save_file
-
-    server.add_adapter_dir(folder)
-    save_file({"base_model.model.layers.0.q_proj.lora_A.weight": torch.zeros(8, 16)},
-              str(folder / "adapter_model.safetensors"))
-    return folder
-
-
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1500)
 def test_a_cycle_a_replica_fails_is_recorded_with_it_and_a_good_cycle_moves_every_replica(
-    pair: tuple[VLLMStandInServer, VLLMStandInServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    real_vllm: Any, replica_b: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The whole cycle with its real gate (probe sessions on the replicas, the offline held-out judge); only the
-    training step is replaced by a finished adapter."""
+    """The whole cycle with its real gate at the default tolerance (probe sessions on the replicas, the offline
+    held-out judge); only the training step is replaced by a finished adapter: first the rank-16 SFT adapter, which
+    replica b cannot load, then an all-zero rank-8 adapter, which serves exactly the base model's outputs, so the
+    gate finds it as good as live and promotes it."""
     from app.retrain import RetrainApp
     from learning.pipeline import retrain
 
-    a, b = pair
+    a, b = real_vllm, replica_b
     probes = tmp_path / "probes.txt"
     probes.write_text("Who was Haymo of Faversham?\n")
     settings = _replica_env(monkeypatch, tmp_path, a.url, b.url, LEARNING__RETRAIN__PROBE_QUESTIONS=str(probes),
-                            LEARNING__RETRAIN__TOLERANCE="1.0", LEARNING__RETRAIN__MAX_TOKEN_CAPS="32")
-    trained = _finite_adapter(tmp_path / "trained", a)
+                            LEARNING__RETRAIN__MAX_TOKEN_CAPS="32")
+    assert settings.learning.retrain.tolerance == 0.02
+    wide = shutil.copytree(SHIPPED_SFT_ADAPTER, tmp_path / "wide")
+    zero = reshaped_adapter(SHIPPED_SFT_ADAPTER, tmp_path / "zero", rank=8)
 
-    async def cycle() -> Any:
+    async def cycle(trained: Path) -> Any:
         app = RetrainApp(settings)
         parts = app.parts()
         parts.seed_questions = ["Who was Haymo of Faversham?", "What is the Franciscan order?"]
@@ -224,19 +233,20 @@ def test_a_cycle_a_replica_fails_is_recorded_with_it_and_a_good_cycle_moves_ever
             await app.aclose()
 
     reg = Registry(SessionLog.from_config(settings.store))
-    b.fail_lora_loads = "CUDA out of memory"
-    with pytest.raises(ReplicaError):
-        asyncio.run(cycle())
-    failed = reg.cycles(limit=1)[0]
-    assert failed.status == "failed" and failed.numbers["failed_replicas"] == [b.url]
-    assert b.url in (failed.error or "") and KEY not in (failed.error or "")
-    assert reg.live().name == "base" and a.adapters == {} and b.adapters == {}
+    try:
+        with pytest.raises(ReplicaError):
+            asyncio.run(cycle(wide))
+        failed = reg.cycles(limit=1)[0]
+        assert failed.status == "failed" and failed.numbers["failed_replicas"] == [b.url]
+        assert b.url in (failed.error or "") and "max_lora_rank 8" in (failed.error or "")
+        assert reg.live().name == "base" and _listed(a) == {} and _listed(b) == {}
 
-    b.fail_lora_loads = None
-    result = asyncio.run(cycle())
-    assert result.cycle.status == "promoted", result.message
-    live = reg.live()
-    assert live.name == result.candidate and live.name != failed.candidate
-    assert a.adapters[live.name] == b.adapters[live.name] == live.adapter_path
-    assert _serve_two_sessions(settings) == [live.name, live.name]
-    assert any(s.model == live.name for s in a.served) and any(s.model == live.name for s in b.served)
+        result = asyncio.run(cycle(zero))
+        assert result.cycle.status == "promoted", result.message
+        live = reg.live()
+        assert live.name == result.candidate and live.name != failed.candidate
+        assert _listed(a)[live.name] == _listed(b)[live.name] == live.adapter_path
+        assert _serve_two_sessions(settings) == [live.name, live.name]
+    finally:
+        _unload_all(a)
+        _unload_all(b)

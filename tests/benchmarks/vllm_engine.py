@@ -30,6 +30,7 @@ import json
 import math
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -334,6 +335,7 @@ def main() -> int:
     ap.add_argument("--vllm-defaults", action="store_true", help="vLLM's own CPU defaults instead of the tuned flags")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the vLLM server (finally below)
     parts = args.parts.split(",")
     model_dir = ensure_converted(MODEL_CACHE)
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
@@ -348,25 +350,25 @@ def main() -> int:
         server = LocalVLLMServer(spec, log_path=tmp / "vllm.log").start(timeout_s=600)
         results["vllm_start_seconds"] = round(time.perf_counter() - t, 1)
         say(f"vLLM ready in {results['vllm_start_seconds']}s on {server.url}")
+        steps = {"decode": lambda: decode(server, args, model_dir),
+                 "mismatch": lambda: mismatch(server, args, model_dir),
+                 "session": lambda: session(server, tmp, model_dir),
+                 "batch": lambda: batch(server, tmp, model_dir, [int(x) for x in args.levels.split(",")]),
+                 "cycle": lambda: cycle(server, tmp, model_dir)}
         try:
-            if "decode" in parts:
-                results["decode"] = decode(server, args, model_dir)
-            if "mismatch" in parts:
-                results["mismatch"] = mismatch(server, args, model_dir)
-            if "session" in parts:
-                results["session"] = session(server, tmp, model_dir)
-            if "batch" in parts:
-                results["batch"] = batch(server, tmp, model_dir, [int(x) for x in args.levels.split(",")])
-            if "cycle" in parts:
-                results["cycle"] = cycle(server, tmp, model_dir)
+            for name in parts:
+                results[name] = steps[name]()
+                _write(results, args.out)  # each part as soon as it is measured
         finally:
             server.stop()
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print(json.dumps(results, indent=2))
     return 0
+
+
+def _write(results: dict[str, Any], out: Path | None) -> None:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`ReplicaSet` against two real vLLM 0.33 stand-in servers (tests/vllm_server.py): adapters loaded on every replica or
+"""`ReplicaSet` against two vLLM stand-in servers (tests/vllm_server.py): adapters loaded on every replica or
 on none, a replica that fails the load or is down named without secrets, sessions spread over the replicas and kept
 on one each, and requests that fail over to the other replica when theirs is down."""
 
@@ -24,7 +24,7 @@ from tests.vllm_server import VLLMStandInServer
 MESSAGES = [ChatMessage("user", "Who wrote Hamlet?")]
 OPTIONS = RunOptions(
     format="short_form", max_tool_calls=1, temperature=0.0, seed=0, wall_clock_s=120,
-    token_caps=StageTokenCaps(plan=64, research=32, review=32, answer=32), context_tokens=8192,
+    token_caps=StageTokenCaps(plan=64, research=32, review=32, answer=32), context_tokens=4096,
 )  # fmt: skip
 QUESTIONS = ("Which language did Haymo of Faversham write in?", "Where was the Franciscan order founded?")
 

@@ -9,8 +9,6 @@ from a first generation and replay it.
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from agent.config import SHIPPED_SFT_ADAPTER
 from agent.errors import ContextTooLong, PolicyError, PolicyRequestError
 from agent.policy import VLLMPolicyClient
 from agent.protocols import ChatMessage, PromptContext
+from tests.adapters import reshaped_adapter
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +74,8 @@ def test_tokenize_detokenize_and_models_with_roots(real_vllm: Any, tok: Any, smo
                                        tokenize=False, add_generation_prompt=True)
     ids = chat.json()["tokens"]
     assert tok.decode(ids) == expected and chat.json()["max_model_len"] == real_vllm.spec.max_model_len
-    plain = _post(real_vllm, "/tokenize", {"model": "policy", "prompt": "Haymo of Faversham", "add_special_tokens": False})
+    plain = _post(real_vllm, "/tokenize",
+                  {"model": "policy", "prompt": "Haymo of Faversham", "add_special_tokens": False})
     assert plain.json()["tokens"] == tok("Haymo of Faversham", add_special_tokens=False)["input_ids"]
     back = _post(real_vllm, "/detokenize", {"model": "policy", "tokens": ids})
     assert back.json()["prompt"] == expected  # a plain decode that keeps special tokens
@@ -200,35 +200,14 @@ def test_context_too_long_and_an_unknown_model(real_vllm: Any, prompt_ids: list[
     assert raw.status_code == 400 and "maximum" in raw.json()["error"]["message"].lower()
 
 
-def _rank_adapter(src: Path, dest: Path, rank: int | None = None, hidden: int | None = None) -> Path:
-    """A copy of the shipped adapter with its config's rank changed, or with LoRA A matrices of another base model's
-    hidden size (`hidden`), for the load failures."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(src, dest)
-    cfg = json.loads((dest / "adapter_config.json").read_text())
-    weights = load_file(str(dest / "adapter_model.safetensors"))
-    if rank is not None:
-        cfg["r"] = rank
-        weights = {k: (torch.zeros(rank, v.shape[1], dtype=v.dtype) if "lora_A" in k else
-                       torch.zeros(v.shape[0], rank, dtype=v.dtype)) for k, v in weights.items()}
-    if hidden is not None:
-        weights = {k: (torch.zeros(v.shape[0], hidden, dtype=v.dtype) if "lora_A" in k else
-                       torch.zeros(hidden, v.shape[1], dtype=v.dtype)) for k, v in weights.items()}
-    (dest / "adapter_config.json").write_text(json.dumps(cfg))
-    save_file(weights, str(dest / "adapter_model.safetensors"))
-    return dest
-
-
 def test_adapter_load_serve_unload_reload_and_bad_adapters(real_vllm: Any, prompt_ids: list[int],
                                                            tmp_path: Path) -> None:
     """The shipped SFT adapter loads at run time and serves under its name, with `/v1/models` listing its folder;
     unloading makes the name unknown; loading it again works. A missing folder, a rank above --max-lora-rank and an
     adapter for another base model each fail with the server's reason, and the client keeps its version."""
     sft = SHIPPED_SFT_ADAPTER
-    big = _rank_adapter(sft, tmp_path / "rank64", rank=64)
-    other = _rank_adapter(sft, tmp_path / "other-base", hidden=1024)
+    big = reshaped_adapter(sft, tmp_path / "rank64", rank=64)
+    other = reshaped_adapter(sft, tmp_path / "other-base", hidden=1024)
     ctx = PromptContext(text="x", token_ids=tuple(prompt_ids))
 
     async def go() -> dict[str, Any]:
@@ -244,6 +223,9 @@ def test_adapter_load_serve_unload_reload_and_bad_adapters(real_vllm: Any, promp
             seen["versions"] = (base.policy_version, tuned.policy_version)
             seen["differs"] = base.token_ids != tuned.token_ids
             await client.aload_adapter(sft, "policy@sft")  # publishing the same version again is not an error
+            with pytest.raises(PolicyRequestError) as dup:  # the same name from another folder is refused
+                await client.aload_adapter(reshaped_adapter(sft, tmp_path / "rank8", rank=8), "policy@sft")
+            seen["dup"] = (dup.value.status_code, str(dup.value))
             for name, path in (("policy@missing", tmp_path / "nowhere"), ("policy@r64", big),
                                ("policy@other", other)):
                 with pytest.raises(PolicyError) as err:
@@ -271,5 +253,6 @@ def test_adapter_load_serve_unload_reload_and_bad_adapters(real_vllm: Any, promp
     assert "No adapter found" in seen["policy@missing"] and str(tmp_path / "nowhere") in seen["policy@missing"]
     assert "LoRA rank 64 is greater than max_lora_rank 16" in seen["policy@r64"]
     assert "size of tensor" in seen["policy@other"] and "576" in seen["policy@other"]  # SmolLM2's hidden size
+    assert seen["dup"][0] == 400 and "has already been loaded" in seen["dup"][1]
     assert seen["listed"] == ["policy", "policy@sft"]  # no failed load left a name behind
     assert seen["after_unload"] == ("policy", ["policy"]) and seen["gone"] == 404

@@ -1,4 +1,7 @@
-"""VLLMPolicyClient against a vLLM stand-in that answers the documented request/response shapes (API_FACTS §1, §3).
+"""VLLMPolicyClient against a vLLM stand-in at the HTTP boundary, for what the real vLLM (tests/policy/
+test_vllm_contract.py) cannot be made to show: 429s, 5xx, dropped connections and timeouts, older servers without
+`return_token_ids` or logprob strings, a stop completed inside a split multi-byte character, and inspection of the
+headers and bodies sent. Its answers follow the real 0.32 server's shapes (API_FACTS §1, §3).
 
 The stand-in is an `httpx.MockTransport` handler that tokenizes with SmolLM2's real tokenizer and replays vLLM's
 stop/EOS semantics (`vllm/v1/engine/detokenizer.py`): `token_ids` run through the token that completed the stop string
@@ -87,15 +90,16 @@ class VLLMStandIn:
         if isinstance(stops, str):
             stops = [stops]
         if len(stops) > 4:
-            return _error(400, "The number of stop strings (5) exceeds the maximum of 4.", "BadRequestError")
+            return _error(400, "1 validation error:\n  {'type': 'too_long', 'loc': 'body.stop', 'msg': 'List should "
+                          "have at most 4 items after validation, not 5'}", "Bad Request")  # vLLM 0.32's answer
         prompt = body["prompt"]
         n_prompt = len(prompt) if isinstance(prompt, list) else len(self.tok(prompt)["input_ids"])
         if n_prompt >= self.max_model_len:
-            return _error(
+            return _error(  # vLLM 0.32's words (checked against the real server, issue 33)
                 400,
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{n_prompt + 1} tokens ({n_prompt} in the messages, 1 in the completion). Please reduce the length "
-                "of the messages or completion.",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt contains "
+                f"{n_prompt} input tokens, which exceeds this limit even without any output tokens. Please reduce "
+                f"the length of the input prompt. (parameter=input_tokens, value={n_prompt})",
                 "BadRequestError",
             )
         max_tokens = body.get("max_tokens") or 16
@@ -197,31 +201,8 @@ def test_implements_protocol(server: VLLMStandIn) -> None:
     assert isinstance(_client(server), PolicyClient)
 
 
-def test_render_prompt_uses_server_template_and_detokenize(server: VLLMStandIn, tokenizer: Any) -> None:
-    client = _client(server)
-    ctx = _run(_prompt(client))
-    expected = tokenizer.apply_chat_template(
-        [{"role": m.role, "content": m.content} for m in MESSAGES], tokenize=False, add_generation_prompt=True
-    )
-    assert ctx.text == expected
-    assert ctx.text.endswith("<|im_start|>assistant\n")
-    assert list(ctx.token_ids) == tokenizer(expected, add_special_tokens=False)["input_ids"]
-    (p1, b1, h1), (p2, b2, _) = server.requests
-    assert p1 == "/tokenize" and b1["add_generation_prompt"] is True and b1["model"] == "policy"
-    assert b1["messages"][1] == {"role": "user", "content": "Who wrote Hamlet?"}
-    assert p2 == "/detokenize" and b2["tokens"] == list(ctx.token_ids)
-    assert h1["authorization"] == f"Bearer {API_KEY}"
 
 
-def test_tokenize_without_special_tokens(server: VLLMStandIn, tokenizer: Any) -> None:
-    client = _client(server)
-    ids = _run(client.tokenize("<tool_output>Shakespeare</tool_output>"))
-    assert list(ids) == tokenizer("<tool_output>Shakespeare</tool_output>", add_special_tokens=False)["input_ids"]
-    path, body, _ = server.requests[0]
-    assert path == "/tokenize" and body == {
-        "model": "policy", "prompt": "<tool_output>Shakespeare</tool_output>", "add_special_tokens": False,
-    }  # fmt: skip
-    assert _run(client.tokenize("")) == ()
 
 
 def _near_end(stop: str, text: str) -> bool:
@@ -233,47 +214,10 @@ def _decode(tokenizer: Any, ids: Any) -> str:
     return str(tokenizer.decode(list(ids), skip_special_tokens=False))
 
 
-def test_generate_keeps_stop_string_tokens(server: VLLMStandIn, tokenizer: Any) -> None:
-    client = _client(server)
-    ctx = _run(_prompt(client))
-    server.outputs.append("<answer>Shakespeare wrote it.</answer> trailing words")
-    gen = _run(client.generate(ctx, stop=["</answer>", "</review>"], max_tokens=40, temperature=0.7, seed=3))
-    assert gen.text == "<answer>Shakespeare wrote it.</answer>" == server.texts[-1]
-    assert gen.stop == "</answer>" and gen.finish_reason == "stop"
-    assert list(gen.token_ids) == tokenizer(gen.text, add_special_tokens=False)["input_ids"]  # tag tokens included
-    assert _decode(tokenizer, gen.token_ids) == gen.text and _near_end("</answer>", gen.text)
-    assert len(gen.logprobs) == len(gen.token_ids) and all(lp <= 0 for lp in gen.logprobs)
-    assert gen.policy_version == "policy" and gen.token_source == "server"
-    body = next(b for p, b, _ in server.requests if p == "/v1/completions")
-    assert body["prompt"] == list(ctx.token_ids)  # token-id prompt
-    assert body["stop"] == ["</answer>", "</review>"] and body["include_stop_str_in_output"] is True
-    assert body["return_token_ids"] is True and body["logprobs"] == 1 and body["skip_special_tokens"] is False
-    assert body["temperature"] == 0.7 and body["top_p"] == 1.0 and body["seed"] == 3 and body["max_tokens"] == 40
 
 
-def test_last_token_running_past_the_stop_string_is_kept_whole(server: VLLMStandIn, tokenizer: Any) -> None:
-    client = _client(server)
-    ctx = _run(_prompt(client))
-    server.outputs.append('<call_tool name="web">Hamlet</call_tool>.\nmore')  # the tokens end "</", ..., ">."
-    gen = _run(client.generate(ctx, stop=["</call_tool>"], max_tokens=40, temperature=1.0))
-    assert server.texts[-1] == '<call_tool name="web">Hamlet</call_tool>'  # the server cuts right after the stop
-    assert gen.text == '<call_tool name="web">Hamlet</call_tool>.'  # what the ids spell: one character more
-    assert gen.stop == "</call_tool>" and _near_end("</call_tool>", gen.text)
-    assert _decode(tokenizer, gen.token_ids) == gen.text and len(gen.logprobs) == len(gen.token_ids)
-    assert [p for p, _, _ in server.requests].count("/detokenize") == 2  # one for the prompt, one for the ids
 
 
-def test_generate_drops_eos_id_and_its_text(server: VLLMStandIn, tokenizer: Any) -> None:
-    client = _client(server)
-    ctx = _run(_prompt(client))
-    server.outputs.append("William Shakespeare.<|im_end|>")
-    gen = _run(client.generate(ctx, stop=["</answer>"], max_tokens=40, temperature=0.0))
-    assert server.texts[-1] == "William Shakespeare.<|im_end|>"  # vLLM shows the EOS text with include_stop_str
-    assert gen.text == "William Shakespeare."
-    assert gen.stop is None and gen.finish_reason == "stop"
-    assert tokenizer.eos_token_id not in gen.token_ids
-    assert _decode(tokenizer, gen.token_ids) == gen.text
-    assert len(gen.logprobs) == len(gen.token_ids)
 
 
 def test_eos_without_logprob_strings_uses_detokenize(server: VLLMStandIn, tokenizer: Any) -> None:
@@ -285,23 +229,8 @@ def test_eos_without_logprob_strings_uses_detokenize(server: VLLMStandIn, tokeni
     assert tokenizer.eos_token_id not in gen.token_ids and _decode(tokenizer, gen.token_ids) == gen.text
 
 
-def test_generate_length_keeps_every_token(server: VLLMStandIn, tokenizer: Any) -> None:
-    client = _client(server)
-    ctx = _run(_prompt(client))
-    server.outputs.append("one two three four five six seven eight nine ten")
-    gen = _run(client.generate(ctx, stop=["</answer>"], max_tokens=4, temperature=1.0))
-    assert gen.finish_reason == "length" and gen.stop is None
-    assert len(gen.token_ids) == 4 and tokenizer.decode(list(gen.token_ids)) == gen.text == "one two three four"
 
 
-def test_stop_string_starting_mid_token_keeps_that_token(server: VLLMStandIn, tokenizer: Any) -> None:
-    client = _client(server)
-    ctx = _run(_prompt(client))
-    server.outputs.append("The answer is four")  # " answer" is one token; the stop "swer" starts inside it
-    gen = _run(client.generate(ctx, stop=["swer"], max_tokens=20, temperature=1.0))
-    assert gen.stop == "swer"
-    assert gen.text == "The answer" and len(gen.token_ids) == 2
-    assert _decode(tokenizer, gen.token_ids) == gen.text and len(gen.logprobs) == len(gen.token_ids)
 
 
 def test_stop_after_split_unicode(server: VLLMStandIn, tokenizer: Any) -> None:
@@ -314,16 +243,6 @@ def test_stop_after_split_unicode(server: VLLMStandIn, tokenizer: Any) -> None:
     assert len(gen.logprobs) == len(gen.token_ids)
 
 
-def test_more_than_four_stops_is_refused_locally(server: VLLMStandIn) -> None:
-    client = _client(server)
-    ctx = PromptContext(text="x", token_ids=(1, 2, 3))
-    with pytest.raises(ValueError, match="at most 4"):
-        _run(client.generate(ctx, stop=["a", "b", "c", "d", "e"], max_tokens=5, temperature=0))
-    with pytest.raises(ValueError):
-        _run(client.generate(ctx, stop=[""], max_tokens=5, temperature=0))
-    with pytest.raises(ValueError):
-        _run(client.generate(ctx, stop=[], max_tokens=0, temperature=0))
-    assert server.requests == []
 
 
 def test_set_model_switches_alias_per_request(server: VLLMStandIn) -> None:
@@ -395,22 +314,8 @@ def test_context_too_long_is_not_retried(server: VLLMStandIn) -> None:
     assert len(server.requests) == 1
 
 
-def test_context_too_long_precheck_after_tokenize(server: VLLMStandIn) -> None:
-    server.max_model_len = 64
-    client = _client(server)
-    _run(client.tokenize("learn the window size"))
-    with pytest.raises(ContextTooLong):
-        _run(client.generate(PromptContext("", tuple([42] * 64)), stop=[], max_tokens=3, temperature=0))
-    assert [p for p, _, _ in server.requests] == ["/tokenize"]
 
 
-def test_unknown_model_is_a_request_error(server: VLLMStandIn) -> None:
-    client = _client(server)
-    client.set_model("nope")
-    with pytest.raises(PolicyRequestError) as info:
-        _run(client.generate(PromptContext("", (1, 2)), stop=[], max_tokens=3, temperature=0))
-    assert info.value.status_code == 404 and "does not exist" in str(info.value)
-    assert len(server.requests) == 1
 
 
 def test_api_key_never_in_errors_or_logs(server: VLLMStandIn, caplog: pytest.LogCaptureFixture) -> None:

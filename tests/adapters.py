@@ -1,0 +1,29 @@
+"""LoRA adapter folders made from the shipped SFT adapter for the real-vLLM tests: another rank, or LoRA matrices
+shaped for another base model (a load that must fail), all-zero so they serve exactly the base model's outputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+
+def reshaped_adapter(src: Path, dest: Path, rank: int | None = None, hidden: int | None = None) -> Path:
+    """A copy of `src` with zero LoRA matrices of rank `rank` (config `r` too), or with A and B sized for a base model
+    of hidden size `hidden` (another model's adapter)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dest)
+    cfg = json.loads((dest / "adapter_config.json").read_text())
+    weights = load_file(str(dest / "adapter_model.safetensors"))
+    if rank is not None:
+        cfg["r"] = rank
+        weights = {k: (torch.zeros(rank, v.shape[1], dtype=v.dtype) if "lora_A" in k else
+                       torch.zeros(v.shape[0], rank, dtype=v.dtype)) for k, v in weights.items()}
+    if hidden is not None:
+        weights = {k: (torch.zeros(v.shape[0], hidden, dtype=v.dtype) if "lora_A" in k else
+                       torch.zeros(hidden, v.shape[1], dtype=v.dtype)) for k, v in weights.items()}
+    (dest / "adapter_config.json").write_text(json.dumps(cfg))
+    save_file(weights, str(dest / "adapter_model.safetensors"))
+    return dest
