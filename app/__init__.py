@@ -1,2 +1,3 @@
-"""Composition root and user-facing entry points (CLI, later the UI and scheduler); the only package that reads
-the environment."""
+"""Composition root and user-facing entry points: the CLI (`rubricem`, app/cli*.py), the Streamlit research chat
+(app/ui/), batch reports, the MCP server, the retraining cycle and its scheduler, and the local vLLM launcher; the
+only package that reads the environment."""

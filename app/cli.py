@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from agent.errors import AgentError, IngestError, InputError
 from app import cli_bank, cli_batch, cli_deeprubric, cli_loop, cli_mcp, cli_resume, cli_sft, cli_train, cli_ui
 from app import cli_policy_server, cli_users
-from app.cli_common import Progress
+from app.cli_common import Progress, with_adapter
 from app.cli_common import run_options as _run_options
 from app.container import ConfigurationError
 from app.scheduler import CycleLocked
@@ -31,25 +31,12 @@ from store.registry import RegistryError
 from store.rubric_bank import BankItemNotFound
 
 
-def _with_adapter(settings: Settings, adapter: str | None) -> Settings:
-    """Settings with `--adapter`: a LoRA folder, or `none` for the plain base model (no shipped SFT adapter)."""
-    if not adapter:
-        return settings
-    if adapter == "none":
-        update: dict[str, Any] = {"embedded_adapter_path": None, "embedded_sft": False}
-    elif not (Path(adapter) / "adapter_config.json").is_file():
-        raise InputError(f"--adapter {adapter}: not a LoRA adapter folder (adapter_config.json missing)")
-    else:
-        update = {"embedded_adapter_path": Path(adapter)}
-    return settings.model_copy(update={"agent": settings.agent.model_copy(update=update)})
-
-
 def cmd_ask(args: argparse.Namespace) -> int:
     from agent.run import validate_question
     from app.container import build
     from app.service import RunFailedError, stage_summary
 
-    settings = _with_adapter(Settings(), args.adapter)
+    settings = with_adapter(Settings(), args.adapter)
     progress = Progress(args.quiet)
     question = validate_question(args.question, settings.agent.max_question_chars)  # fail fast, before loading
     options = _run_options(settings, args)
@@ -191,7 +178,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from learning.eval.datasets import bench_spec, load_benchmark
     from learning.eval.runner import run_eval
 
-    settings = _with_adapter(Settings(), args.adapter)
+    settings = with_adapter(Settings(), args.adapter)
     progress = Progress()
     data = Path(args.data)
     if not data.exists():

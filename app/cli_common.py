@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from agent.config import RunOptions
+from agent.errors import InputError
 from app import events as ev
 from app.settings import Settings
 
@@ -67,3 +69,16 @@ def run_options(settings: Settings, args: argparse.Namespace) -> RunOptions:
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
     return RunOptions.model_validate(values)
+
+
+def with_adapter(settings: Settings, adapter: str | None) -> Settings:
+    """Settings with `--adapter`: a LoRA folder, or `none` for the plain base model (no shipped SFT adapter)."""
+    if not adapter:
+        return settings
+    if adapter == "none":
+        update: dict[str, Any] = {"embedded_adapter_path": None, "embedded_sft": False}
+    elif not (Path(adapter) / "adapter_config.json").is_file():
+        raise InputError(f"--adapter {adapter}: not a LoRA adapter folder (adapter_config.json missing)")
+    else:
+        update = {"embedded_adapter_path": Path(adapter)}
+    return settings.model_copy(update={"agent": settings.agent.model_copy(update=update)})

@@ -62,11 +62,14 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from store.registry import Registry
     from store.session_log import SessionLog
 
+    from app.scheduler import cycle_lock
+
     settings = Settings()
     reg = Registry(SessionLog.from_config(settings.store))
-    version, old = reg.get(args.version), reg.live()
-    change = asyncio.run(_move_live(settings, version, old,
-                                    lambda: reg.promote(version.name, args.reason or "promoted by hand")))
+    with cycle_lock(settings.store):  # one move of `live` at a time: a second promotion (or a cycle) is refused
+        version, old = reg.get(args.version), reg.live()
+        change = asyncio.run(_move_live(settings, version, old,
+                                        lambda: reg.promote(version.name, args.reason or "promoted by hand")))
     print(f"live: {change.previous} -> {change.version}")
     return 0
 
@@ -77,12 +80,15 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from store.registry import Registry
     from store.session_log import SessionLog
 
+    from app.scheduler import cycle_lock
+
     settings = Settings()
     reg = Registry(SessionLog.from_config(settings.store))
-    current = reg.live()
-    target = rollback_target(reg)
     reason = args.reason or "rolled back by hand"
-    change = asyncio.run(_move_live(settings, target, current, lambda: reg.rollback(reason)))
+    with cycle_lock(settings.store):  # as promote: one move of `live` at a time
+        current = reg.live()
+        target = rollback_target(reg)
+        change = asyncio.run(_move_live(settings, target, current, lambda: reg.rollback(reason)))
     print(f"live: {change.previous} -> {change.version}")
     return 0
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from agent.approval import ApprovalError, PlanDecision, PlanForApproval
 from agent.clarify import ClarificationAnswer, ClarificationError
-from app.cli_common import Progress
+from app.cli_common import Progress, with_adapter
 from app.settings import Settings
 
 Ask = Callable[[str], str]
@@ -156,11 +156,10 @@ def _precheck(settings: Settings, session_id: str) -> None:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from app.cli import _with_adapter
     from app.container import build
     from app.service import RunFailedError
 
-    settings = _with_adapter(Settings(), args.adapter)
+    settings = with_adapter(Settings(), args.adapter)
     progress = Progress(args.quiet)
     decision = decision_from_args(args)  # a bad answer is refused before anything runs
     try:

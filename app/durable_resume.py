@@ -8,7 +8,7 @@ log; its pause expired) is marked failed, and its run state says why.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agent.approval import PlanDecision, PlanForApproval
 from agent.checkpoint import open_checkpointer
@@ -16,23 +16,30 @@ from agent.clarify import ClarificationAnswer
 from agent.config import RunOptions
 from agent.deps import AgentDeps
 from agent.graph import build_graph
+from agent.protocols import PolicyClient, SearchTool
 from agent.tools.ids import CallIdFactory
-from app.durable import ResumeError, mark_expired, prune_ended
+from app.durable import DurableSessions, ResumeError, mark_expired, prune_ended
+from app.outcomes import EventSink, ResearchPaused, RunFailedError
 from store.errors import InvalidInput
 from store.records import SessionRecord
+from store.session_log import SessionLog
 from store.session_log.checkpoints import PlanApproval, RunStateName
 
-if TYPE_CHECKING:
-    from app.service import EventSink, ResearchPaused, ResearchService
+
+class ResumableService(Protocol):
+    """What the resume checks read of `app.service.ResearchService` (a protocol, so this module never imports it)."""
+
+    log: SessionLog
+    durable: DurableSessions | None
+    policy: PolicyClient
+    tools: dict[str, SearchTool]
 
 
 async def prepare_resume(
-    service: ResearchService, sid: str, decision: PlanDecision | ClarificationAnswer | None, sink: EventSink
+    service: ResumableService, sid: str, decision: PlanDecision | ClarificationAnswer | None, sink: EventSink
 ) -> ResearchPaused | tuple[SessionRecord, AgentDeps, int]:
     """The pause again (no answer given), or the session's record, fresh deps and the dropped turns; the session
     is then taken over by this resume (`SessionRuns.claim`: a concurrent second resume is refused)."""
-    from app.service import ResearchPaused, RunFailedError
-
     rec = service.log.get(sid)  # SessionNotFound for an unknown id
     durable = service.durable
     if durable is None:
@@ -90,7 +97,7 @@ async def prepare_resume(
     return rec, _deps(service, rec, values, turns, len(calls)), dropped
 
 
-def _deps(service: ResearchService, rec: SessionRecord, values: dict[str, Any], turns: list[Any],
+def _deps(service: ResumableService, rec: SessionRecord, values: dict[str, Any], turns: list[Any],
           n_calls: int) -> AgentDeps:
     """Deps for the rest of the run: the session's own options; a fresh wall-clock budget (the time a process was
     dead or a plan waited is not research time); call ids advanced past the ones already used."""

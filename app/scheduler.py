@@ -46,7 +46,7 @@ def cycle_lock(store: StoreConfig) -> Iterator[None]:
             try:
                 held.enter_context(advisory_lock(store.database_url, _CYCLE_LOCK))
             except LockHeld as exc:
-                raise CycleLocked(f"another retraining cycle is running ({exc})") from exc
+                raise CycleLocked(f"another retraining cycle or promotion is running ({exc})") from exc
         yield
 
 
@@ -60,7 +60,7 @@ def _file_lock(data_dir: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            raise CycleLocked("another retraining cycle is running (DATA_DIR/retrain.lock is held)") from exc
+            raise CycleLocked("another retraining cycle or promotion is running (DATA_DIR/retrain.lock is held)") from exc
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         yield

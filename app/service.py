@@ -36,23 +36,13 @@ from agent.run import (
 from agent.tools.ids import CallIdFactory
 from app import events as ev
 from app.durable import DurableSessions
+from app.outcomes import EventSink, ResearchPaused, ResearchRejected, RunFailedError  # re-exported here too
 from store.errors import StoreError
 from store.records import STAGES, PromptRecord, Retrieval, SessionSource, ToolCallRecord, Trajectory, Turn
 from store.session_log import SessionLog
 from store.session_log.checkpoints import SessionRuns
 
 _log = logging.getLogger(__name__)
-
-EventSink = Callable[[ev.Event], None]
-
-
-class RunFailedError(Exception):
-    """A research run failed; if its session was created (session_id set), it is marked failed in the log."""
-
-    def __init__(self, session_id: str | None, message: str) -> None:
-        super().__init__(message)
-        self.session_id = session_id
-
 
 def adapter_version(path: Path) -> str:
     """The version name a trained adapter carries (rubricem.json, written by training), else its folder name."""
@@ -71,24 +61,6 @@ class ResearchOutcome:
     report: Report
     policy_version: str
     seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class ResearchPaused:
-    """A durable run waiting for the user's approval of its plan, or (with `question`) for the answer to a
-    clarifying question asked before the plan (`ResearchService.resume` goes on)."""
-
-    session_id: str
-    plan: PlanForApproval
-    expires_at: str
-    question: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ResearchRejected:
-    """The user rejected the plan: the session ended after it (status failed, never trained on)."""
-
-    session_id: str
 
 
 REJECTED_ERROR = "the user rejected the plan"

@@ -204,3 +204,28 @@ def test_the_scheduler_runs_on_its_trigger_and_records_a_skip_without_enough_ses
     cycles = Registry(SessionLog(settings.store.sqlite_path)).cycles()
     assert [(c.trigger, c.status) for c in cycles] == [("scheduler", "skipped")]
     assert "0 new session(s) < min_new_sessions 3" in (cycles[0].error or "")
+
+
+def test_a_second_promotion_while_one_is_in_progress_is_refused_with_the_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rubricem promote` and `rollback` hold the cycle lock while they move `live`: one that starts while another
+    (or a retraining cycle) holds it is refused, says why, and moves nothing; once the first is done it goes through."""
+    import os
+
+    from agent.config import SHIPPED_SFT_ADAPTER
+    from app.cli import main
+
+    for name in [n for n in os.environ if n.startswith("RUBRICEM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RUBRICEM_STORE__DATA_DIR", str(tmp_path / "data"))
+    store = StoreConfig(data_dir=tmp_path / "data")
+    reg = Registry(SessionLog(store.sqlite_path))
+    v1 = reg.register(SHIPPED_SFT_ADAPTER, parent="base")
+    v2 = reg.register(SHIPPED_SFT_ADAPTER, parent="base")
+    with cycle_lock(store):  # the first promotion, still moving `live`
+        assert main(["promote", v2.name]) == 1
+        assert "another retraining cycle or promotion is running" in capsys.readouterr().err
+        assert main(["rollback"]) == 1
+        assert reg.live().name == "base" and [c.version for c in reg.history(limit=10)] == ["base"]
+    assert main(["promote", v1.name]) == 0 and reg.live().name == v1.name

@@ -128,7 +128,7 @@ def test_two_apps_and_a_scheduler_on_one_postgresql_store(
     skipped = [c for c in cycles if c.status == "skipped"]
     assert len(done) == 1 and done[0].numbers["judged"] == 2 and done[0].numbers["new_sessions"] == 2
     assert len(skipped) == 1 and skipped[0].trigger == "scheduler"
-    assert "another retraining cycle is running" in (skipped[0].error or "")
+    assert "another retraining cycle or promotion is running" in (skipped[0].error or "")
     assert reg.live().name == "policy@1"
     log = SessionLog.from_config(StoreConfig(data_dir=tmp_path / "check", database_url=postgres_url))
     judged = {s for s in (first[0]["session_id"], first[1]["session_id"]) if log.judgements(str(s))}

@@ -11,6 +11,8 @@ llama.cpp, in one run on this machine (issue 33). Each part can be chosen with -
 * session: the demo question (`make demo`'s settings, seed 3) on vLLM with the adapter and on the embedded default.
 * batch: 8 questions through `app.batch.run_batch` on vLLM at concurrency 1, 4 and 8, and the same 8 one after
   another on the embedded policy; sampled tokens per second of wall time.
+* merged: the adapter folded into the weights and served by a second vLLM as its base model (no LoRA kernels):
+  decode rates and the demo session (not in the default --parts).
 * cycle: one retrain cycle (2 sessions, 1 SS-GRPO step, 2 rollouts, the probe) with rollouts on vLLM and on the
   embedded policy; the cycle's wall time and the training step's own seconds.
 
@@ -205,6 +207,42 @@ def mismatch(server: LocalVLLMServer, args: argparse.Namespace, model_dir: Path)
     return rows
 
 
+def merged(args: argparse.Namespace, tmp: Path, model_dir: Path) -> list[dict[str, Any]]:
+    """The shipped adapter folded into the weights (PEFT `merge_and_unload`, bf16) and served by a second vLLM as its
+    base model: no LoRA kernels in the decode step. Decode rates and the demo session on it."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tmp / "smollm2-sft-merged"
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
+    PeftModel.from_pretrained(base, str(SHIPPED_SFT_ADAPTER)).merge_and_unload().save_pretrained(str(folder))
+    AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(folder))
+    server = LocalVLLMServer(VLLMServerSpec(model_dir=folder, port=free_port()), log_path=tmp / "merged.log")
+    server.start(timeout_s=600)
+    rows: list[dict[str, Any]] = []
+    try:
+        async def rates() -> None:
+            client = VLLMPolicyClient(server.url, "policy", timeout_s=1200, max_retries=0)
+            try:
+                ctx = await client.render_prompt(MESSAGES)
+                await client.generate(ctx, stop=[], max_tokens=8, temperature=0.0)
+                for n in (1, 8):
+                    r = await _rates(lambda seed: client.generate(ctx, stop=[], max_tokens=args.tokens,
+                                                                  temperature=0.7, seed=seed), n, args.reps)
+                    rows.append({"engine": "vllm-merged", "sequences": n, **r})
+                    say(f"decode vllm merged n={n}: {r['tok_per_s']} tok/s")
+            finally:
+                await client.aclose()
+
+        asyncio.run(rates())
+        rows += [dict(r, engine="vllm-merged") for r in _sessions([("vllm-merged", server.url, "policy")], tmp,
+                                                                   model_dir)]
+    finally:
+        server.stop()
+    return rows
+
+
 def _settings(data: Path, model_dir: Path, vllm_url: str | None, model: str = "policy") -> Settings:
     if vllm_url is None:
         return Settings(store=StoreConfig(data_dir=data))
@@ -226,13 +264,18 @@ async def _with_adapter(url: str) -> None:
 
 
 def session(server: LocalVLLMServer, tmp: Path, model_dir: Path) -> list[dict[str, Any]]:
+    asyncio.run(_with_adapter(server.url))
+    return _sessions([("vllm", server.url, ADAPTER_ALIAS), ("embedded", None, "policy")], tmp, model_dir)
+
+
+def _sessions(engines: list[tuple[str, str | None, str]], tmp: Path, model_dir: Path) -> list[dict[str, Any]]:
+    """The demo question (`make demo`'s options, seed 3) once per engine: (name, vLLM URL or None, served model)."""
     from app.container import build
 
-    asyncio.run(_with_adapter(server.url))
     options = RunOptions(format="short_form", max_tool_calls=2, seed=3)
     rows = []
-    for engine, url in (("vllm", server.url), ("embedded", None)):
-        settings = _settings(tmp / f"session-{engine}", model_dir, url, ADAPTER_ALIAS)
+    for engine, url, model in engines:
+        settings = _settings(tmp / f"session-{engine}", model_dir, url, model)
         services = build(settings, say=say)
 
         async def go() -> Any:
@@ -354,7 +397,8 @@ def main() -> int:
                  "mismatch": lambda: mismatch(server, args, model_dir),
                  "session": lambda: session(server, tmp, model_dir),
                  "batch": lambda: batch(server, tmp, model_dir, [int(x) for x in args.levels.split(",")]),
-                 "cycle": lambda: cycle(server, tmp, model_dir)}
+                 "cycle": lambda: cycle(server, tmp, model_dir),
+                 "merged": lambda: merged(args, tmp, model_dir)}
         try:
             for name in parts:
                 results[name] = steps[name]()
