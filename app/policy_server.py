@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from agent.errors import PolicyUnavailable
+from app.settings import Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VLLM_ENV = PROJECT_ROOT / ".vllm"
@@ -138,13 +140,10 @@ def check_installed(python: Path) -> None:
         raise VLLMNotInstalled(f"{python} cannot import vllm: {INSTALL_HINT}")
 
 
-def spec_from_settings(settings: object, model_dir: Path | None = None, port: int | None = None,
+def spec_from_settings(settings: Settings, model_dir: Path | None = None, port: int | None = None,
                        host: str | None = None) -> VLLMServerSpec:
     """The spec the app's settings describe: host and port from `agent.policy_base_url`, the served name from
     `agent.policy_model`, the rest from `policy_server`; the model is the converted SmolLM2 unless given."""
-    from app.settings import Settings
-
-    assert isinstance(settings, Settings)
     cfg = settings.policy_server
     parts = urlsplit(settings.agent.policy_base_url)
     if model_dir is None:
@@ -181,7 +180,7 @@ class LocalVLLMServer:
     def url(self) -> str:
         return self.spec.url
 
-    def start(self, timeout_s: float = 300.0, on_wait: object = None) -> Self:
+    def start(self, timeout_s: float = 300.0, on_wait: Callable[[str], None] | None = None) -> Self:
         """Start the process and block until `/v1/models` lists the served model.
 
         Raises:
@@ -205,7 +204,7 @@ class LocalVLLMServer:
             raise
         return self
 
-    def _wait_ready(self, timeout_s: float, on_wait: object) -> None:
+    def _wait_ready(self, timeout_s: float, on_wait: Callable[[str], None] | None) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         headers = {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
@@ -223,7 +222,7 @@ class LocalVLLMServer:
                 pass
             if time.monotonic() > deadline:
                 raise VLLMStartError(f"vLLM did not serve {self.url}/v1/models within {timeout_s:.0f}s{self._tail()}")
-            if callable(on_wait) and time.monotonic() - last_note > 15:
+            if on_wait is not None and time.monotonic() - last_note > 15:
                 last_note = time.monotonic()
                 on_wait(f"waiting for vLLM on {self.url} ({time.monotonic() - deadline + timeout_s:.0f}s)")
             time.sleep(0.5)
@@ -268,13 +267,11 @@ class LocalVLLMServer:
         self.stop()
 
 
-def serve_forever(spec: VLLMServerSpec, say: object = None) -> int:
-    """Run the server in the foreground until SIGINT or SIGTERM, then stop it cleanly; the server's exit code."""
+def serve_forever(spec: VLLMServerSpec) -> int:
+    """Run the server in the foreground until SIGINT or SIGTERM, then stop it cleanly; the server's exit code (0 when
+    stopped by a signal)."""
     def note(message: str) -> None:
-        if callable(say):
-            say(message)
-        else:
-            print(message, file=sys.stderr, flush=True)
+        print(message, file=sys.stderr, flush=True)
 
     server = LocalVLLMServer(spec, show_output=True)
 
