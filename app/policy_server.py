@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from agent.errors import PolicyUnavailable
-from app.settings import Settings
+from app.settings import Settings, child_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VLLM_ENV = PROJECT_ROOT / ".vllm"
@@ -112,7 +112,7 @@ def server_command(spec: VLLMServerSpec) -> list[str]:
 
 def server_env(spec: VLLMServerSpec, base: dict[str, str] | None = None) -> dict[str, str]:
     """The server's environment: offline hub, runtime LoRA updating, the CPU backend's cache and thread settings."""
-    env = dict(os.environ if base is None else base)
+    env = child_environment() if base is None else dict(base)
     env.update({
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1" if spec.runtime_lora else "0",
         "VLLM_CPU_KVCACHE_SPACE": f"{spec.kv_cache_gib:g}",

@@ -6,6 +6,7 @@ Every variable is listed in .env.example.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -143,3 +144,9 @@ def env_example() -> str:
         assert field.annotation is not None
         body += [f"## {section}", *_env_lines(field.annotation, f"RUBRICEM_{section.upper()}__"), ""]
     return "\n".join(head + body)
+
+
+def child_environment() -> dict[str, str]:
+    """A copy of this process's environment, for a child process it starts (the local vLLM server): this module is
+    the one place that reads the environment."""
+    return dict(os.environ)
