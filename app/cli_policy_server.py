@@ -14,7 +14,7 @@ def cmd_policy_server(args: argparse.Namespace) -> int:
 
     settings = Settings()
     spec = spec_from_settings(settings, model_dir=args.model, port=args.port, host=args.host)
-    return serve_forever(spec)
+    return serve_forever(spec, start_timeout_s=settings.policy_server.start_timeout_s)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -267,7 +267,7 @@ class LocalVLLMServer:
         self.stop()
 
 
-def serve_forever(spec: VLLMServerSpec) -> int:
+def serve_forever(spec: VLLMServerSpec, start_timeout_s: float = 600.0) -> int:
     """Run the server in the foreground until SIGINT or SIGTERM, then stop it cleanly; the server's exit code (0 when
     stopped by a signal)."""
     def note(message: str) -> None:
@@ -281,7 +281,7 @@ def serve_forever(spec: VLLMServerSpec) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         note(f"starting vLLM ({spec.model_dir.name}, served as {spec.served_name!r}) on {spec.url} ...")
-        server.start(timeout_s=600.0, on_wait=note)
+        server.start(timeout_s=start_timeout_s, on_wait=note)
         assert server.proc is not None
         note(f"vLLM serves {spec.served_name!r} on {spec.url}; point the app at it with\n"
              f"  RUBRICEM_AGENT__POLICY_BACKEND=vllm RUBRICEM_AGENT__POLICY_BASE_URL={spec.url} "

@@ -96,7 +96,8 @@ class PolicyServerConfig(BaseModel):
                           "list like 0-1.")
     reserved_cpus: int = Field(default=0, ge=0, description="Cores vLLM keeps for its front end "
                                "(VLLM_CPU_NUM_OF_RESERVED_CPU).")
-    start_timeout_s: float = Field(default=300.0, gt=0, description="How long to wait for the server to serve.")
+    start_timeout_s: float = Field(default=600.0, gt=0, description="How long `rubricem policy-server` waits for "
+                                   "vLLM to serve, seconds.")
 
 
 class Settings(BaseSettings):
