@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 
 def reshaped_adapter(src: Path, dest: Path, rank: int | None = None, hidden: int | None = None) -> Path:
@@ -27,3 +30,15 @@ def reshaped_adapter(src: Path, dest: Path, rank: int | None = None, hidden: int
     (dest / "adapter_config.json").write_text(json.dumps(cfg))
     save_file(weights, str(dest / "adapter_model.safetensors"))
     return dest
+
+
+def served_adapters(server: Any) -> dict[str, str]:
+    """The adapters a real vLLM server serves, by name, with the folder each was loaded from."""
+    cards = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+    return {c["id"]: c["root"] for c in cards if c.get("parent")}
+
+
+def unload_adapters(server: Any) -> None:
+    """Take every adapter off a server the test run shares (the tests that load adapters call it when done)."""
+    for name in served_adapters(server):
+        httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30)

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import ValidationError
 
@@ -28,7 +27,7 @@ from app.service import ResearchService
 from app.settings import Settings
 from store.registry import Registry
 from store.session_log import SessionLog
-from tests.adapters import reshaped_adapter
+from tests.adapters import reshaped_adapter, served_adapters, unload_adapters
 from tests.conftest import VLLM_START_TIMEOUT_S
 
 OPTIONS = RunOptions(
@@ -45,17 +44,6 @@ def replica_b(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     server: Any = start_real_vllm(smollm2_dir, tmp_path_factory.mktemp("vllm-b"), max_lora_rank=8)
     yield server
     server.stop()
-
-
-def _listed(server: Any) -> dict[str, str]:
-    """The adapters a server serves, by name, with the folder each was loaded from."""
-    cards = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
-    return {c["id"]: c["root"] for c in cards if c.get("parent")}
-
-
-def _unload_all(server: Any) -> None:
-    for name in _listed(server):
-        httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30)
 
 
 def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **values: str) -> None:
@@ -160,18 +148,19 @@ def test_promote_and_rollback_move_live_only_once_every_replica_serves_the_versi
         assert main(["promote", wide.name]) == 1
         err = capsys.readouterr().err
         assert "ReplicaError" in err and b.url in err and "LoRA rank 16 is greater than max_lora_rank 8" in err
-        assert reg.live().name == "base" and _listed(a) == {} and _listed(b) == {}
+        assert reg.live().name == "base" and served_adapters(a) == {} and served_adapters(b) == {}
         assert _serve_two_sessions(settings) == ["policy", "policy"]  # `base` live: vLLM's base model name is sent
 
         # Both load it: live moves, and both replicas serve it to the sessions that follow.
         assert main(["promote", v1.name]) == 0
         assert f"live: base -> {v1.name}" in capsys.readouterr().out
         assert reg.live().name == v1.name
-        assert _listed(a) == _listed(b) == {v1.name: v1.adapter_path}
+        assert served_adapters(a) == served_adapters(b) == {v1.name: v1.adapter_path}
         assert _serve_two_sessions(settings) == [v1.name, v1.name]
 
         assert main(["promote", v2.name]) == 0
-        assert _listed(a) == _listed(b) == {v1.name: v1.adapter_path, v2.name: v2.adapter_path}  # v1 kept for rollback
+        both = {v1.name: v1.adapter_path, v2.name: v2.adapter_path}
+        assert served_adapters(a) == served_adapters(b) == both  # v1 kept for rollback
 
         # Rollback with a replica down: refused with the replica named; live stays and v1 stays loaded on the other.
         b.stop()
@@ -179,19 +168,19 @@ def test_promote_and_rollback_move_live_only_once_every_replica_serves_the_versi
         assert main(["rollback"]) == 1
         err = capsys.readouterr().err
         assert b.url in err and "cannot reach" in err
-        assert reg.live().name == v2.name and _listed(a) == {v1.name: v1.adapter_path, v2.name: v2.adapter_path}
+        assert reg.live().name == v2.name and served_adapters(a) == both
 
         # The replica restarts (without its runtime-loaded adapters): the rollback loads v1 there, then live moves.
         b.start(timeout_s=VLLM_START_TIMEOUT_S)
-        assert _listed(b) == {}
+        assert served_adapters(b) == {}
         assert main(["rollback", "--reason", "bad answers"]) == 0
         assert f"live: {v2.name} -> {v1.name}" in capsys.readouterr().out
         assert reg.live().name == v1.name and reg.history(limit=1)[0].reason == "bad answers"
-        assert _listed(b) == {v1.name: v1.adapter_path} and v1.name in _listed(a)
+        assert served_adapters(b) == {v1.name: v1.adapter_path} and v1.name in served_adapters(a)
         assert _serve_two_sessions(settings) == [v1.name, v1.name]
     finally:
-        _unload_all(a)
-        _unload_all(b)
+        unload_adapters(a)
+        unload_adapters(b)
 
 
 # --- a retraining cycle -----------------------------------------------------------------------------------------------
@@ -239,14 +228,14 @@ def test_a_cycle_a_replica_fails_is_recorded_with_it_and_a_good_cycle_moves_ever
         failed = reg.cycles(limit=1)[0]
         assert failed.status == "failed" and failed.numbers["failed_replicas"] == [b.url]
         assert b.url in (failed.error or "") and "max_lora_rank 8" in (failed.error or "")
-        assert reg.live().name == "base" and _listed(a) == {} and _listed(b) == {}
+        assert reg.live().name == "base" and served_adapters(a) == {} and served_adapters(b) == {}
 
         result = asyncio.run(cycle(zero))
         assert result.cycle.status == "promoted", result.message
         live = reg.live()
         assert live.name == result.candidate and live.name != failed.candidate
-        assert _listed(a)[live.name] == _listed(b)[live.name] == live.adapter_path
+        assert served_adapters(a)[live.name] == served_adapters(b)[live.name] == live.adapter_path
         assert _serve_two_sessions(settings) == [live.name, live.name]
     finally:
-        _unload_all(a)
-        _unload_all(b)
+        unload_adapters(a)
+        unload_adapters(b)

@@ -24,6 +24,7 @@ from learning.config import LearningConfig, RetrainConfig
 from store.config import StoreConfig
 from store.registry import Registry
 from store.session_log import SessionLog
+from tests.adapters import unload_adapters
 
 pytestmark = pytest.mark.slow
 
@@ -89,19 +90,12 @@ def _settings(server: Any, smollm2_dir: Path, tmp_path: Path, probes: Path) -> S
                     learning=LearningConfig(retrain=retrain))
 
 
-def _unload_versions(server: Any) -> None:
-    """The server is shared by the run: take the versions this test published off it again."""
-    for card in httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]:
-        if card["id"].startswith(("policy@", "cycle-")):
-            httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": card["id"]}, timeout=30)
-
-
 def test_sessions_are_served_judged_trained_promoted_and_rolled_back_on_real_vllm(
         real_vllm: Any, smollm2_dir: Path, tmp_path: Path) -> None:
     try:
         _the_loop(real_vllm, smollm2_dir, tmp_path)
     finally:
-        _unload_versions(real_vllm)
+        unload_adapters(real_vllm)
 
 
 def _the_loop(real_vllm: Any, smollm2_dir: Path, tmp_path: Path) -> None:
@@ -155,8 +149,9 @@ def _the_loop(real_vllm: Any, smollm2_dir: Path, tmp_path: Path) -> None:
 def test_without_runtime_updating_and_when_killed_mid_session_the_errors_say_what_to_do(smollm2_dir: Path,
                                                                                         tmp_path: Path) -> None:
     """A server of its own, started without runtime LoRA updating: loading or unloading an adapter is refused with the
-    setting named, and the sleep routes (a GPU and dev-mode feature) with theirs. Then SIGKILL it while a session's request runs: the session ends failed, with an error that says the
-    server cannot be reached and names the command that starts one; nothing hangs."""
+    setting named, and the sleep routes (a GPU and dev-mode feature) with theirs. Then SIGKILL it while a session's
+    request runs: the session ends failed, with an error that says the server cannot be reached and names the command
+    that starts one; nothing hangs."""
     from app.container import build
     from tests.conftest import start_real_vllm
 
