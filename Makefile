@@ -61,9 +61,10 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(VENV)/bin/rubricem ask "$(DEMO_Q)" --max-tool-calls 2 --format short_form --out demo-report.md
 
-# The suite starts a real vLLM from .vllm/; RUBRICEM_TEST_REQUIRE_VLLM makes a missing one fail, never skip.
+# The suite starts a real vLLM from .vllm/; RUBRICEM_TEST_REQUIRE_VLLM makes a missing one fail, never skip, and
+# RUBRICEM_TEST_STRICT turns every other skip into a failure too (tests marked may_skip excepted; -rs lists them).
 test: install vllm
-	RUBRICEM_TEST_REQUIRE_VLLM=1 $(PY) -m pytest -q
+	RUBRICEM_TEST_REQUIRE_VLLM=1 RUBRICEM_TEST_STRICT=1 $(PY) -m pytest -q -rs
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

@@ -31,8 +31,32 @@ LLAMACPP_START_TIMEOUT_S = 90.0
 CHROMA_START_TIMEOUT_S = 30.0
 
 
+# `make test` (and so CI) sets RUBRICEM_TEST_STRICT=1: a test that skips there fails instead, unless it is marked
+# `may_skip` with the reason it may. Otherwise a machine without PostgreSQL, Chromium or vLLM would pass green while
+# running none of the tests that need them.
+STRICT = os.environ.get("RUBRICEM_TEST_STRICT") == "1"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than a few seconds (still runs in CI)")
+    config.addinivalue_line("markers", "may_skip(reason): the test may skip even under RUBRICEM_TEST_STRICT=1 "
+                            "(a part CI cannot have, such as a docker daemon); the reason says why")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under RUBRICEM_TEST_STRICT=1 a skip not marked `may_skip` becomes a failure that says what was missing."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if not (STRICT and report.skipped) or item.get_closest_marker("may_skip") is not None:
+        return
+    if getattr(report, "wasxfail", None) is not None:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = (f"skipped under RUBRICEM_TEST_STRICT=1 (make test, CI), where every test must run: {reason}. "
+                       "Install what it needs (make install; PostgreSQL and Chromium as root), or mark the test "
+                       "may_skip with the reason it may.")
 
 
 @pytest.fixture(scope="session")

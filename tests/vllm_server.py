@@ -109,12 +109,16 @@ class _Engine:
         self.draining = False  # a `mode=wait` sleep is waiting for running requests; new ones queue
         self.stopping = False
         self.running: dict[int, bool] = {}  # request id -> aborted
+        self.queued = 0  # requests received and waiting for the engine to wake (tests wait on it, never sleep)
         self._ids = itertools.count()
 
     def admit(self) -> int:
         """Block while asleep (queued, not refused), then register a running request."""
         with self.cond:
+            self.queued += 1
+            self.cond.notify_all()  # wakes `wait_queued`
             self.cond.wait_for(lambda: self.stopping or not (self.asleep or self.draining))
+            self.queued -= 1
             rid = next(self._ids)
             self.running[rid] = False
             self.cond.notify_all()  # wakes `wait_running`
@@ -157,6 +161,10 @@ class _Engine:
     def wait_running(self, n: int, timeout_s: float) -> bool:
         with self.cond:
             return self.cond.wait_for(lambda: len(self.running) >= n, timeout=timeout_s)
+
+    def wait_queued(self, n: int, timeout_s: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.queued >= n, timeout=timeout_s)
 
     def stop(self) -> None:
         with self.cond:
@@ -278,6 +286,16 @@ class VLLMStandInServer:
     def wait_running(self, n: int, timeout_s: float = 10.0) -> bool:
         """Block until at least `n` requests are generating (False on timeout)."""
         return self.engine.wait_running(n, timeout_s)
+
+    def wait_queued(self, n: int, timeout_s: float = 10.0) -> bool:
+        """Block until at least `n` requests have arrived and wait for the engine to wake (False on timeout)."""
+        return self.engine.wait_queued(n, timeout_s)
+
+    @property
+    def queued(self) -> int:
+        """Requests received and held while the engine sleeps."""
+        with self.engine.cond:
+            return self.engine.queued
 
     @property
     def running(self) -> int:

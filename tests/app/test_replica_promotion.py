@@ -29,6 +29,7 @@ from store.registry import Registry
 from store.session_log import SessionLog
 from tests.adapters import reshaped_adapter, served_adapters, unload_adapters
 from tests.conftest import VLLM_START_TIMEOUT_S
+from tests.gate import assert_gate_decided
 
 OPTIONS = RunOptions(
     format="short_form", max_tool_calls=1, temperature=0.0, seed=0, wall_clock_s=120,
@@ -232,6 +233,8 @@ def test_a_cycle_a_replica_fails_is_recorded_with_it_and_a_good_cycle_moves_ever
 
         result = asyncio.run(cycle(zero))
         assert result.cycle.status == "promoted", result.message
+        report = assert_gate_decided(reg, result.cycle, tolerance=0.02)
+        assert report["candidate"]["total"] + 0.02 >= report["live"]["total"]  # as good as live, within the default
         live = reg.live()
         assert live.name == result.candidate and live.name != failed.candidate
         assert served_adapters(a)[live.name] == served_adapters(b)[live.name] == live.adapter_path

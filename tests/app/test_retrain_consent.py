@@ -20,6 +20,7 @@ from store.registry import Registry
 from store.session_log import SessionLog
 from store.users import Users
 from tests.app.test_retrain_loop import SMALL
+from tests.gate import assert_gate_decided
 
 YES = ("Who was Haymo of Faversham?", "What is the Franciscan order?")
 NO = ("Where was the PRIVATE-NO-7 abbey built?", "Who funded the PRIVATE-NO-8 chapel?")
@@ -59,9 +60,11 @@ def test_a_cycle_trains_only_on_the_consenting_persons_sessions(smollm2_dir: Pat
 
     result = asyncio.run(run_cycle(settings, trigger="cli", force=True))
     cycle = result.cycle
-    assert cycle.status in ("promoted", "rejected"), result.message
     assert cycle.numbers["new_sessions"] == 2 and cycle.numbers["skipped_sessions"] == 2
     reg = Registry(log)
+    # Tolerance 1.0 (the test is about whose sessions are used, not the decision): the gate still decides from the
+    # scores it recorded, and the decision is exactly the one those scores give.
+    assert_gate_decided(reg, cycle, tolerance=1.0)
     window = reg.sessions_in_window(cycle.window_start, cycle.window_end)
     assert sorted(window) == sorted(s for s, who in owners.items() if who == "yes@example.org")
     trained_on = [json.loads(line)["question"] for line in

@@ -22,6 +22,7 @@ import pytest
 from store.config import StoreConfig
 from store.registry import Registry
 from store.session_log import SessionLog
+from tests.gate import assert_gate_decided
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRESS = re.compile(r"^\[\s*\d+\.\ds\] ")  # a progress line of the CLI: said inside the cycle lock
@@ -127,6 +128,7 @@ def test_two_apps_and_a_scheduler_on_one_postgresql_store(
     done = [c for c in cycles if c.status == "promoted"]
     skipped = [c for c in cycles if c.status == "skipped"]
     assert len(done) == 1 and done[0].numbers["judged"] == 2 and done[0].numbers["new_sessions"] == 2
+    assert_gate_decided(reg, done[0], tolerance=1.0)
     assert len(skipped) == 1 and skipped[0].trigger == "scheduler"
     assert "another retraining cycle or promotion is running" in (skipped[0].error or "")
     assert reg.live().name == "policy@1"

@@ -38,6 +38,18 @@ def running(server: Any) -> int:
     return int(sum(float(m) for m in re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$", text, re.M)))
 
 
+def finished(server: Any) -> dict[str, int]:
+    """Requests the engine has finished so far, by finish reason (stop, length, abort, error, ...), from its
+    `vllm:request_success_total` counters: the server's own count, not what the client collected."""
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    out: dict[str, int] = {}
+    for labels, value in re.findall(r"^vllm:request_success_total\{([^}]*)\} ([0-9.e+]+)$", text, re.M):
+        reason = re.search(r'finished_reason="([^"]*)"', labels)
+        key = reason.group(1) if reason else "?"
+        out[key] = out.get(key, 0) + int(float(value))
+    return out
+
+
 def _wait_running(server: Any, n: int, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while running(server) < n:
@@ -58,6 +70,7 @@ def test_an_adapter_loaded_while_requests_run_loses_none_and_each_records_its_ve
             def ask(seed: int) -> Any:
                 return asyncio.create_task(client.generate(ctx, stop=[], max_tokens=96, temperature=0.7, seed=seed))
 
+            done_before = await asyncio.to_thread(finished, real_vllm)
             first = [ask(i) for i in range(8)]
             await asyncio.to_thread(_wait_running, real_vllm, 1)
             before = await asyncio.to_thread(running, real_vllm)
@@ -68,6 +81,10 @@ def test_an_adapter_loaded_while_requests_run_loses_none_and_each_records_its_ve
             await client.unload_lora_adapter("policy@hot")
             at_unload = await asyncio.to_thread(running, real_vllm)
             gens = await asyncio.gather(*first, *later)
+            done_after = await asyncio.to_thread(finished, real_vllm)
+            # The engine itself finished exactly these twelve, none aborted or failed: nothing lost server-side.
+            delta = {k: done_after.get(k, 0) - done_before.get(k, 0) for k in done_after}
+            assert sum(delta.values()) == 12 and delta.get("stop", 0) + delta.get("length", 0) == 12, delta
             with pytest.raises(PolicyRequestError) as gone:
                 await client.generate(ctx, stop=[], max_tokens=4, temperature=0.0)
             assert gone.value.status_code == 404 and client.model == "policy@hot"

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from app.cli import main
-from learning.deeprubric.audit import validate_pair
+from learning.deeprubric.audit import DIMENSIONS, validate_pair
 from learning.deeprubric.build import AUDIT, PAIRS, TREES, BuildSettings, build, llm_components
 from learning.deeprubric.corpus import SeedPage
 from learning.deeprubric.llm import llm_steps
-from learning.deeprubric.records import Node, Passage, Statement, Tree
+from learning.deeprubric.records import Node, Passage, Statement, Tree, tree_from_json
+from learning.deeprubric.select import MIN_SELECTED
 from learning.deeprubric.synthesis import Skip
 from learning.deeprubric.tree import TreeConfig, leaves
 from learning.judge.client import JudgeClient
@@ -339,7 +340,16 @@ def test_llm_build_served_by_llamacpp_runs_to_the_end(tmp_path: Path, llamacpp_s
     # A step failure is counted once per step call at most, and only after a repair request was sent.
     assert sum(llm["failures"].values()) <= sum(llm["steps"].values())
     assert llm["requests"] >= sum(llm["steps"].values()) + sum(llm["failures"].values())
-    assert audit["decision"] in ("KEEP", "REVISE", "DROP", "SKIP")
+    # The decision follows from the tree the model built: too few leaves with statements is a skip for that reason;
+    # otherwise synthesis ran, and either failed (a counted synthesis_* skip) or gave a pair the audit decided on.
+    usable = [x for x in leaves(tree_from_json(tree["tree"])) if x.statements]
+    if len(usable) < MIN_SELECTED:
+        assert (audit["decision"], audit["reason"]) == ("SKIP", "too_few_leaves")
+        assert llm["steps"].get("synthesise", 0) == 0 and not pairs
+    elif audit["decision"] == "SKIP":
+        assert audit["reason"].startswith("synthesis_") and any(k.startswith("synthesise:") for k in llm["failures"])
+    else:
+        assert llm["steps"]["synthesise"] == 1 and llm["steps"]["audit"] == 1
     assert len(pairs) == (audit["decision"] in ("KEEP", "REVISE"))
     for p in pairs:  # a written pair is whole
         assert p["mode"] == "llm" and len(p["rubrics"]) >= 5
@@ -378,8 +388,17 @@ def test_synthesis_and_audit_served_by_llamacpp_end_with_a_defined_outcome(llama
         assert made.reason.startswith("synthesis_") and sum(counts["failures"].values()) >= 1
     else:
         assert validate_pair(made) == [] and set(made.selected_leaf_ids) <= {"n1", "n2", "n3"}
-    assert verdict.decision in ("KEEP", "REVISE", "DROP")
-    if verdict.decision == "REVISE":
+    # The audit's verdict is the model's only when its answer held: a failed audit is a DROP for the counted reason.
+    audit_failures = [k.split(":", 1)[1] for k in counts["failures"] if k.startswith("audit:")]
+    if audit_failures:
+        assert verdict.decision == "DROP" and verdict.reason in {f"audit_invalid:{c}" for c in audit_failures} | {
+            "audit_unavailable", "audit_rejected"}
+    elif verdict.decision == "KEEP":
+        assert verdict.revised is None
+    elif verdict.decision == "DROP":
+        assert (verdict.reason in DIMENSIONS or verdict.reason == "unspecified") and verdict.revised is None
+    else:
+        assert verdict.decision == "REVISE"
         assert verdict.revised is not None and validate_pair(verdict.revised) == []
     # a repaired or failed step sent its repair request too
     assert counts["requests"] >= 2 + sum(counts["repaired"].values()) + sum(counts["failures"].values())

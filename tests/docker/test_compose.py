@@ -561,6 +561,8 @@ def test_the_file_follows_the_compose_specification() -> None:
         compose_spec.PyCompose.from_json(json.dumps(broken))
 
 
+@pytest.mark.may_skip("no docker CLI on the CI machines; the file is parsed by the compose-spec crate above and "
+                      "checked field by field in this file")
 def test_docker_compose_config_accepts_the_file() -> None:
     docker = shutil.which("docker")
     if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True,

@@ -85,12 +85,11 @@ def test_sleep_queues_requests_until_fully_awake(vllm_server: VLLMStandInServer)
         await client.sleep(level=1)
         assert await client.is_sleeping() is True
         pending = asyncio.create_task(_ask(client))
-        await asyncio.sleep(0.3)
+        assert await asyncio.to_thread(vllm_server.wait_queued, 1)  # it reached the server, which holds it
         assert not pending.done() and vllm_server.running == 0  # queued, not refused
         await client.wake_up(["weights"])
         assert await client.is_sleeping() is True  # the KV cache is still asleep
-        await asyncio.sleep(0.1)
-        assert not pending.done()
+        assert vllm_server.queued == 1 and vllm_server.running == 0 and not pending.done()  # still held
         await client.wake_up(["kv_cache"])
         assert await client.is_sleeping() is False
         gen = await asyncio.wait_for(pending, 10)

@@ -10,6 +10,7 @@ the sample: the test asks follow-ups (each a new session) until an answer has a 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -24,7 +25,9 @@ import pytest
 from agent.config import SHIPPED_SFT_ADAPTER
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
+# Debian's chromium (make install installs it as root); RUBRICEM_TEST_CHROMIUM names another build.
+CHROMIUM = Path(os.environ.get("RUBRICEM_TEST_CHROMIUM") or shutil.which("chromium")
+                or shutil.which("chromium-browser") or "/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
