@@ -1,12 +1,13 @@
 """Eval fixtures: the shared benchmark data (skipped when absent), a small real index over the bundled passages of the
-first two corpus-paired HotpotQA questions, a scripted policy service and an OpenAI-compatible judge stand-in.
+first two shipped held-out HotpotQA questions, a scripted policy service and an OpenAI-compatible judge stand-in.
 
-Only tests that read the shared benchmark files ask for `shared_data` or `wiki_dir`; the index and the scripted service
-are built from the demo corpus bundled in the repository, so the runner's failure, resume and judge paths run on a
-fresh clone too."""
+Only the counts-on-real-data loader tests ask for `shared_data`; the questions, the index and the scripted service come
+from files the repository ships (learning/sft/data/heldout and agent/demo_corpus), so the runner's end-to-end, scoring,
+failure, resume and judge paths run on a fresh clone too."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,23 +19,20 @@ from agent.tools.local_search import LocalSearch
 from app.service import ResearchService
 from store.doc_index import DocIndex
 from store.session_log import SessionLog
-from tests.eval.support import answering
+from tests.eval.support import HELDOUT, answering
 from tests.fakes import ScriptedPolicy
 from tests.indexes import passage_index
 from tests.judge.openai_standin import OpenAIStandIn
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"
-WIKI = SHARED_DATA / "wiki_multihop_corpus"
-# The context titles of the first two questions in wiki_multihop_corpus/hotpotqa_train.json ("If Gallu is a demon Lilu
-# is what?", "Are Christopher Nolan and Sathish Kalathil both film directors?"); all are in the bundled demo corpus.
-HOTPOT_TITLES = (
-    "Demon Dice", "Demon algorithm", "Maha Sona", "Wangliang", "The Hythrun Chronicles", "Lilu (mythology)",
-    "Leyenda de Azul", "Lilu (ancient China)", "Arthur? Arthur!", "Alû",
-    "Christopher Nolan", "The Prestige (film)", "The Dark Knight Rises", "Veena Vaadanam", "Jalachhayam",
-    "Sathish Kalathil", "Bangladesh Film Directors Association", "Influence of Stanley Kubrick",
-    "Laloorinu Parayanullathu", "Zeitgeist Films",
-)  # fmt: skip
+
+
+def heldout_titles(n: int = 2) -> tuple[str, ...]:
+    """The context titles of the first `n` shipped held-out HotpotQA questions (read from the file, so the index always
+    covers the questions the runner tests ask, whatever the split holds); every one is in the bundled demo corpus."""
+    records = json.loads((HELDOUT / "hotpotqa_train.json").read_text(encoding="utf-8"))
+    return tuple(dict.fromkeys(title for rec in records[:n] for title, _ in rec["context"]))
 
 
 @pytest.fixture(scope="session")
@@ -49,18 +47,10 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
-def wiki_dir(shared_data: Path) -> Path:
-    """The wiki_multihop_corpus folder (HotpotQA/MuSiQue questions paired with the bundled corpus)."""
-    if not (WIKI / "hotpotqa_train.json").is_file():
-        pytest.skip(f"{WIKI / 'hotpotqa_train.json'} not found")
-    return WIKI
-
-
-@pytest.fixture(scope="session")
 def hotpot_index(tmp_path_factory: pytest.TempPathFactory) -> DocIndex:
-    """A real index (Chroma + MiniLM + BM25) over the bundled demo-corpus passages of the first two HotpotQA questions
-    (needs no shared data)."""
-    return passage_index(tmp_path_factory.mktemp("eval-index"), lambda corpus: HOTPOT_TITLES)
+    """A real index (Chroma + MiniLM + BM25) over the bundled demo-corpus passages of the first two shipped held-out
+    HotpotQA questions (needs no shared data)."""
+    return passage_index(tmp_path_factory.mktemp("eval-index"), lambda corpus: heldout_titles())
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """The evaluation runner end to end: real ResearchService, SessionLog and local_search; the embedded SmolLM2 for
 one small HotpotQA run, a scripted policy (exact answers) for the scoring, failure and resume paths.
 
-The two HotpotQA tests read the shared benchmark questions (`wiki_dir`) and skip without them; every other test writes
-its own data and runs on a fresh clone."""
+The two HotpotQA tests ask the first two shipped held-out questions (learning/sft/data/heldout, paired with the bundled
+demo corpus); every other test writes its own data. None needs ../shared, so all run on a fresh clone."""
 
 from __future__ import annotations
 
@@ -22,14 +22,16 @@ from learning.judge.client import JudgeClient
 from store.records import HISTORY_SOURCES
 from store.registry import Registry
 from store.session_log import SessionLog
-from tests.eval.support import SCRIPTED_OPTIONS, user_prompt
+from tests.eval.support import HELDOUT, SCRIPTED_OPTIONS, user_prompt
 from tests.judge.openai_standin import OpenAIStandIn, Reply
 
 TINY = RunOptions(
     max_tool_calls=1, temperature=0.0, seed=0, wall_clock_s=300,
     token_caps=StageTokenCaps(plan=32, research=24, review=24, answer=32),
 )  # fmt: skip
-HOTPOT_ANSWERS = {"If Gallu is a demon": "a spirit", "Christopher Nolan and Sathish": "no"}
+# The first two held-out questions: "If Gallu is a demon Lilu is what?" (gold "a spirit") and "What language were books
+# being translated into during the era of Haymo of Faversham?" (gold "Latin"; the script answers it wrongly).
+HOTPOT_ANSWERS = {"If Gallu is a demon": "a spirit", "era of Haymo of Faversham": "Greek"}
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -59,7 +61,6 @@ def evaluate(
 
 @pytest.mark.slow
 def test_embedded_policy_hotpotqa_end_to_end_and_resume(
-    wiki_dir: Path,  # first: without the shared questions the test skips before SmolLM2 is converted and loaded
     embedded_policy: object,
     hotpot_tools: dict,  # type: ignore[type-arg]
     tmp_path: Path,
@@ -69,7 +70,7 @@ def test_embedded_policy_hotpotqa_end_to_end_and_resume(
     seen: list[tuple[int, int, str]] = []
     out = tmp_path / "out"
     summary = evaluate(
-        "hotpotqa", wiki_dir, service, out, options=TINY, limit=2, progress=lambda d, t, i: seen.append((d, t, i))
+        "hotpotqa", HELDOUT, service, out, options=TINY, limit=2, progress=lambda d, t, i: seen.append((d, t, i))
     )
     records = lines(out / "items.jsonl")
     assert len(records) == 2 and [d for d, _, _ in seen] == [1, 2]
@@ -84,23 +85,25 @@ def test_embedded_policy_hotpotqa_end_to_end_and_resume(
     assert json.loads(summary.summary_json.read_text())["n_scored"] == 2
 
     before = (out / "items.jsonl").read_bytes()
-    again = evaluate("hotpotqa", wiki_dir, service, out, options=TINY, limit=2)
+    again = evaluate("hotpotqa", HELDOUT, service, out, options=TINY, limit=2)
     assert (out / "items.jsonl").read_bytes() == before  # nothing was run again
     assert len(log.list_sessions()) == 2
     assert again.metrics == summary.metrics
 
 
 def test_exact_answers_score_em_and_the_llm_grade(
-    wiki_dir: Path, scripted_service: Callable[..., ResearchService], tmp_path: Path, standin: OpenAIStandIn
+    scripted_service: Callable[..., ResearchService], tmp_path: Path, standin: OpenAIStandIn
 ) -> None:
     standin.responder = lambda req: json.dumps({
         "explanation": "x", "grade": "correct" if "Predicted answer: a spirit" in user_prompt(req) else "incorrect"
     })  # fmt: skip
     service = scripted_service(HOTPOT_ANSWERS)
-    summary = evaluate("hotpotqa", wiki_dir, service, tmp_path / "out", standin=standin, limit=2)
+    summary = evaluate("hotpotqa", HELDOUT, service, tmp_path / "out", standin=standin, limit=2)
     first, second = lines(tmp_path / "out" / "items.jsonl")
+    assert [first["id"], second["id"]] == ["5a77ec115542992a6e59dff7", "5a7decc75542995f4f40230f"]
+    assert [first["answers"], second["answers"]] == [["a spirit"], ["Latin"]]
     assert first["prediction"] == "a spirit" and first["metrics"]["em"] == 1.0
-    assert second["prediction"] == "no" and second["metrics"]["em"] == 0.0  # gold is "yes"
+    assert second["prediction"] == "Greek" and second["metrics"]["em"] == 0.0  # gold is "Latin"
     assert first["judge"]["grade"] == "correct" and second["judge"]["grade"] == "incorrect"
     assert summary.metrics["em"] == 0.5 and summary.metrics["llm_accuracy"] == 0.5
     assert summary.judge_model == "standin-judge" and summary.judge_usage["calls"] == 2
