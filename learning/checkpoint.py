@@ -119,6 +119,9 @@ def latest_checkpoint(root: Path, on_skip: Callable[[str], None] = lambda _m: No
 
 
 def prune_checkpoints(root: Path, keep: int) -> None:
-    """Keep the newest `keep` checkpoints."""
-    for path in sorted(root.glob("step-*"), reverse=True)[keep:]:
+    """Keep the newest `keep` complete checkpoints. Corrupt folders neither count towards `keep` (newer corrupt ones
+    would otherwise push out the good checkpoint a resumed run came from) nor are removed (a resumed run overwrites
+    them when it saves that step again)."""
+    complete = [path for path in sorted(root.glob("step-*"), reverse=True) if _read(path) is not None]
+    for path in complete[keep:]:
         shutil.rmtree(path, ignore_errors=True)
