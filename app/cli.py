@@ -116,11 +116,14 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         if not rows:
             print("no sessions")
         for r in rows:
-            print(f"{r.session_id}  {r.status:<9}  {r.source:<7}  {r.created_at}  {_short(r.question, 70)}")
+            print(f"{r.session_id}  {r.shown_status:<11}  {r.source:<7}  {r.created_at}  {_short(r.question, 70)}")
         return 0
     rec = log.get(args.session_id)
     traj = rec.trajectory
-    print(f"session   {rec.session_id}\nstatus    {rec.status}\nquestion  {rec.question}\npolicy    {rec.policy_version}")
+    status = "interrupted" if log.interrupted(rec.session_id) else rec.status  # its process is gone (issue 34)
+    print(f"session   {rec.session_id}\nstatus    {status}\nquestion  {rec.question}\npolicy    {rec.policy_version}")
+    if status == "interrupted":
+        print(f"resume    rubricem resume {rec.session_id}  (its process stopped; checkpointed sessions go on)")
     print(f"created   {rec.created_at}\nfinished  {rec.finished_at or '-'}")
     print(f"source    {rec.source}{' (never trained on)' if rec.training_opt_out else ''}")
     print(f"owner     {rec.owner}")

@@ -83,7 +83,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
     settings = Settings()
     source = Path(args.queries)
-    items = load_items(source)  # a bad file fails here, before the model and index are loaded
+    items = load_items(source, settings.sessions.batch_max_questions)  # a bad file fails here, before the model
     if args.concurrency < 1:
         raise InputError(f"--concurrency must be at least 1, not {args.concurrency}")
     out = Path(args.out)

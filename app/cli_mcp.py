@@ -15,7 +15,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     import anyio
 
     from app.container import build
-    from app.mcp_server import build_server, check_bind
+    from app.mcp_server import build_server, check_bind, transport_security
 
     settings = Settings()
     cfg = settings.mcp
@@ -23,25 +23,28 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     host = args.host or cfg.host
     port = args.port or cfg.port
     token = cfg.token.get_secret_value() if cfg.token is not None else None
-    if transport == "http":
-        check_bind(host, token)  # McpAccessError (a ValueError) before anything loads
+    security = None
+    if transport == "http":  # McpAccessError (a ValueError) before anything loads
+        check_bind(host, token)
+        security = transport_security(host, port, cfg.allowed_hosts)
     progress = Progress(args.quiet)
     # stdio: stdout carries protocol messages only, so whatever loading prints goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):
         services = build(settings, say=progress.say, progress=progress.bar)
     url = f"http://{host}:{port}{cfg.path}"
     server = build_server(services, token=token if transport == "http" else None, base_url=url,
-                          on_event=progress.event)
+                          on_event=progress.event, owner=cfg.owner, max_concurrent_runs=cfg.max_concurrent_runs)
 
     async def serve() -> None:
         try:
             if transport == "stdio":
-                progress.say("rubricem mcp on stdio (tools: research, search_bank, get_session)")
+                progress.say(f"rubricem mcp on stdio as {cfg.owner!r} (tools: research, search_bank, get_session)")
                 await server.run_stdio_async()
             else:
                 how = "bearer token required" if token else "open on loopback"
-                progress.say(f"rubricem mcp on {url} ({how}); Ctrl-C stops it")
-                await server.run_streamable_http_async(host=host, port=port, streamable_http_path=cfg.path)
+                progress.say(f"rubricem mcp on {url} as {cfg.owner!r} ({how}); Ctrl-C stops it")
+                await server.run_streamable_http_async(host=host, port=port, streamable_http_path=cfg.path,
+                                                       transport_security=security)
         finally:
             await services.policy.aclose()
 
@@ -53,8 +56,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     """Register `mcp` on the main parser."""
     m = sub.add_parser("mcp", help="serve the agent as an MCP server (research, search_bank, get_session)")
     m.add_argument("--transport", choices=["stdio", "http"], help="default RUBRICEM_MCP__TRANSPORT (stdio)")
-    m.add_argument("--host", help="HTTP bind address (default RUBRICEM_MCP__HOST, 127.0.0.1; other addresses need "
-                   "RUBRICEM_MCP__TOKEN)")
+    m.add_argument("--host", help="HTTP bind address (default RUBRICEM_MCP__HOST, 127.0.0.1; any but 127.0.0.1, "
+                   "localhost and ::1 needs RUBRICEM_MCP__TOKEN)")
     m.add_argument("--port", type=int, help="HTTP port (default RUBRICEM_MCP__PORT, 8765)")
     m.add_argument("--quiet", action="store_true", help="no progress on stderr")
     m.set_defaults(func=cmd_mcp)

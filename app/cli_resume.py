@@ -1,10 +1,11 @@
 """`rubricem resume SESSION`, `rubricem ask --approve-plan / --clarify` and `rubricem sessions export
 --edited-plans` (issue 21).
 
-A resume checks the session before loading the model: an unknown, finished or non-durable session is bad input
-(exit 2, nothing changed); a pause past its expiry ends the session there (exit 1), so it can never be answered. A
-paused plan is answered with `--accept`, `--reject` or `--rubric ... [--note ...]`, a clarifying question with
-`--answer TEXT` (empty: go on without clarification), or either interactively; an answer that cannot be applied is
+A resume checks the session before loading the model: an unknown, finished or non-durable session, or one another
+process is still running (its lease is live, issue 34), is bad input (exit 2, nothing changed); a pause past its
+expiry ends the session there (exit 1), so it can never be answered. A paused plan is answered with `--accept`,
+`--reject` or `--rubric ... [--note ...]`, a clarifying question with `--answer TEXT` (empty: go on without
+clarification), or either interactively; an answer that cannot be applied is
 refused with a message and the session stays paused.
 """
 
@@ -132,7 +133,7 @@ def _precheck(settings: Settings, session_id: str) -> None:
     """Refuse a session that cannot be resumed before the model is loaded (nothing is changed); end one whose pause
     has expired (RunFailedError: it is marked failed, its run state 'expired' with the reason)."""
     from app.container import durable_sessions
-    from app.durable import ResumeError, end_if_expired
+    from app.durable import ResumeError, end_if_expired, lease_refusal
     from app.service import RunFailedError
     from store.session_log import SessionLog
     from store.session_log.checkpoints import SessionRuns
@@ -148,6 +149,8 @@ def _precheck(settings: Settings, session_id: str) -> None:
         if run is None or run.state not in ("active", "awaiting_approval"):
             why = "was not run with checkpoints" if run is None else f"is {run.state}"
             raise ResumeError(f"session {session_id} {why}: it cannot be resumed")
+        if run.state == "active" and (held := lease_refusal(log.lease(session_id), log.clock())) is not None:
+            raise ResumeError(held)  # another process still runs it: a second writer would corrupt its trajectory
         durable = durable_sessions(settings, log)
         if durable is not None and (reason := end_if_expired(log, durable, run)) is not None:
             raise RunFailedError(session_id, reason)

@@ -13,12 +13,13 @@ from app.ui.auth import access_policy
 MAIN = Path(__file__).resolve().parent / "ui" / "main.py"
 
 
-def streamlit_command(host: str, port: int) -> list[str]:
-    """The `streamlit run` command line for the UI (headless, no usage statistics, no file watcher)."""
+def streamlit_command(host: str, port: int, max_upload_bytes: int = 200 << 20) -> list[str]:
+    """The `streamlit run` command line for the UI (headless, no usage statistics, no file watcher). Streamlit holds
+    an upload in memory, so it refuses one over the upload cap itself (`uploads.max_file_bytes`, in whole MiB)."""
     return [sys.executable, "-m", "streamlit", "run", str(MAIN),
             "--server.address", host, "--server.port", str(port), "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-            "--client.toolbarMode", "minimal"]
+            "--client.toolbarMode", "minimal", "--server.maxUploadSize", str(max(1, -(-max_upload_bytes // (1 << 20))))]
 
 
 def _has_accounts(settings: Settings) -> bool:
@@ -45,7 +46,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     # The page reads its bind address from Streamlit's server.address, so the login rule follows --host. exec, not
     # a child process: a supervisor's SIGTERM (docker stop, a test fixture) then reaches Streamlit itself instead of
     # leaving it running, model loaded, after its parent is gone.
-    command = streamlit_command(host, port)
+    command = streamlit_command(host, port, settings.uploads.max_file_bytes)
     os.execv(command[0], command)
     return 0  # not reached
 

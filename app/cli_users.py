@@ -62,6 +62,11 @@ def cmd_users(args: argparse.Namespace) -> int:
     try:
         if args.action == "add":
             kind = "oidc" if args.oidc else "password"
+            if kind == "oidc" and not args.user.startswith("oidc:"):
+                raise ValueError(f"{args.user!r} is not an OIDC id: OIDC people are known by their provider's issuer "
+                                 "and subject (oidc:<issuer hash>:<subject>, shown in `rubricem users list` after "
+                                 "their first login), never by e-mail; make an address an admin with "
+                                 "RUBRICEM_UI__ADMIN_EMAILS (it counts when the provider has verified it)")
             record = users.add(args.user, kind=kind, role="admin" if args.admin else "user",
                                password=_password(args) if kind == "password" else None,
                                consent=_CONSENT[args.consent])
@@ -88,7 +93,8 @@ def cmd_users(args: argparse.Namespace) -> int:
 def _delete_data(settings: Settings, log: SessionLog, args: argparse.Namespace) -> int:
     from app.container import open_bank
     from app.durable import purge_checkpoints
-    from store.deletion import delete_user_data, owned_sessions, resume_deletions
+    from app.retrain import deletion_copies
+    from store.deletion import delete_user_data, owned_sessions, purge_copies, resume_deletions
     from store.rubric_bank import BankError
 
     if not args.yes:
@@ -100,10 +106,12 @@ def _delete_data(settings: Settings, log: SessionLog, args: argparse.Namespace) 
     except BankError as exc:
         print(f"warning: the rubric bank is unavailable ({exc}); its part stays pending", file=sys.stderr)
         bank = None
+    purge_copies(log, deletion_copies(settings, bank))  # and an earlier one's run folders, once their cycle ended
     # Their sessions' checkpoints first (text outside this database); a failure here deletes nothing.
     purge_checkpoints(settings.store, owned_sessions(log, args.user))
     try:
-        result = delete_user_data(log, args.user, requested_by="local", bank=bank, keep_account=args.keep_account)
+        result = delete_user_data(log, args.user, requested_by="local", bank=bank, keep_account=args.keep_account,
+                                  copies=deletion_copies(settings, bank))
     except BankError as exc:  # the database part is committed; the bank part is retried next time
         print(f"error: the rows are deleted but the rubric bank failed ({exc}); run the command again to finish "
               "removing the bank items", file=sys.stderr)
@@ -114,8 +122,16 @@ def _delete_data(settings: Settings, log: SessionLog, args: argparse.Namespace) 
     if result.marked_versions:
         print("trained on some of this data (it cannot be removed from an adapter): "
               + ", ".join(result.marked_versions))
+    copies = result.copies
+    if copies is not None and copies.running:
+        print(f"a retraining cycle is running ({', '.join(copies.running)}): the version it produces is marked as "
+              "trained on this data, and its run folder is removed when it ends")
     if result.bank_pending:
         print("the rubric-bank part is pending: run the command again when the bank is reachable", file=sys.stderr)
+        return 1
+    if copies is not None and not copies.done:
+        print("error: the rows are deleted but some copies could not be removed (" + "; ".join(copies.failed)
+              + "); run the command again to finish", file=sys.stderr)
         return 1
     return 0
 
@@ -124,8 +140,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     """Register `rubricem users`."""
     usr = sub.add_parser("users", help="people: accounts, consent to learn from their sessions, deleting their data")
     acts = usr.add_subparsers(dest="action", required=True)
-    add = acts.add_parser("add", help="a password account (the password is asked for) or, with --oidc, an OIDC "
-                          "identity by e-mail")
+    add = acts.add_parser("add", help="a password account (a name of letters, digits and ._+-; the password is "
+                          "asked for) or, with --oidc, an OIDC identity by its oidc:... id")
     add.add_argument("user")
     add.add_argument("--admin", action="store_true", help="may see everyone's sessions and retrain")
     add.add_argument("--oidc", action="store_true", help="an OIDC identity (no password; logs in through the "

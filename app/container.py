@@ -21,6 +21,7 @@ from agent.policy import LlamaCppPolicyClient, ReplicaSet, VLLMPolicyClient
 from agent.protocols import PolicyClient, SearchTool
 from agent.tools.mcp_client import discover_sync
 from agent.tools.registry import BUILTIN_TOOL_NAMES, build_tools
+from app.durable import LeaseTiming, sweep_leases
 from app.service import ResearchService, adapter_version
 from app.settings import Settings
 from store.doc_index import DocIndex, open_index_client
@@ -96,9 +97,12 @@ def open_index(settings: Settings, client: ClientAPI | None = None) -> DocIndex:
     return DocIndex(settings.store, client=client)
 
 
-def open_bank(settings: Settings, client: ClientAPI | None = None) -> RubricBank:
-    """The rubric bank (the same Chroma as the document index, its own collection)."""
-    return RubricBank(settings.store, client=client)
+def open_bank(settings: Settings, client: ClientAPI | None = None, log: SessionLog | None = None) -> RubricBank:
+    """The rubric bank (the same Chroma as the document index, its own collection); with the session log, a
+    same-question hit is only ever the asker's own item (issue 34: `RubricBank.retrieve`)."""
+    from store.people import SessionOwners
+
+    return RubricBank(settings.store, client=client, owners=SessionOwners(log) if log is not None else None)
 
 
 def ensure_corpus(index: DocIndex, say: Say = lambda _m: None, progress: Progress | None = None) -> None:
@@ -159,15 +163,22 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
     log = SessionLog.from_config(settings.store)
     client = open_index_client(settings.store)
     index = open_index(settings, client)
-    bank = open_bank(settings, client)
+    bank = open_bank(settings, client, log)
     ensure_corpus(index, say, progress)
     tools = build_tools(settings.agent, index)
     tools.update(build_mcp_tools(settings, tools, say))
     registry = Registry(log)
     embed = partial(embed_texts, model_name=settings.store.embedding_model) if settings.agent.attribute_uncited else None
     research = ResearchService(policy, tools, log, settings.agent, bank, live=registry, embed=embed,
-                               base_adapter=base_adapter(settings), durable=durable_sessions(settings, log))
+                               base_adapter=base_adapter(settings), durable=durable_sessions(settings, log),
+                               lease=lease_timing(settings))
+    sweep_leases(log, say)  # the process-start crash sweep: no session stays 'running' after its process is gone
     return Services(settings, log, index, tools, policy, research, bank, registry)
+
+
+def lease_timing(settings: Settings) -> LeaseTiming:
+    """How this process holds the sessions it runs (sessions.heartbeat_s / lease_s)."""
+    return LeaseTiming(heartbeat_s=settings.sessions.heartbeat_s, lease_s=settings.sessions.lease_s)
 
 
 def durable_sessions(settings: Settings, log: SessionLog) -> Any:

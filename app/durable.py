@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,10 +23,111 @@ from agent.checkpoint import CheckpointTarget, open_checkpointer
 from agent.errors import InputError
 from store.config import StoreConfig
 from store.errors import SessionNotRunning, StorageError
-from store.session_log import SessionLog
+from store.session_log import LeaseSweep, SessionLease, SessionLog, process_lease_owner
 from store.session_log.checkpoints import RunState, SessionRuns
 
 CHECKPOINT_FILE = "checkpoints.sqlite3"
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTiming:
+    """How often the running process renews a session's lease, and how long each renewal lasts (issue 34).
+
+    The lease outlives several missed heartbeats, so a slow store write does not make a live run look gone; a
+    killed process's sessions are taken to be gone `lease_s` after its last heartbeat.
+    """
+
+    heartbeat_s: float = 20.0
+    lease_s: float = 90.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heartbeat_s < self.lease_s:
+            raise ValueError(f"the heartbeat ({self.heartbeat_s} s) must be shorter than the lease ({self.lease_s} s)")
+
+
+class Heartbeat:
+    """Renews one session's lease on a daemon thread while the session runs in this process.
+
+    A thread, not an asyncio task: a policy that holds the event loop for a long generation (the embedded model)
+    must not let the lease lapse while the process is alive. It dies with the process, which is the point: then the
+    lease expires and the session can be resumed elsewhere.
+    """
+
+    def __init__(self, log: SessionLog, session_id: str, timing: LeaseTiming, owner: str | None = None) -> None:
+        self.log, self.session_id, self.timing = log, session_id, timing
+        self.owner = owner or process_lease_owner()
+        self.lost = False  # another process took the session over (our lease had expired): we stop renewing
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"rubricem-lease-{session_id[:8]}", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._renew()
+        self._thread.start()
+        return self
+
+    def _renew(self) -> None:
+        try:
+            if not self.log.renew_lease(self.session_id, self.timing.lease_s, self.owner):
+                self.lost = not self._stop.is_set() and self.log.lease(self.session_id).status == "running"
+                if self.lost:
+                    _log.error("session %s was taken over by another process: this one no longer holds its lease",
+                               self.session_id)
+                self._stop.set()
+        except Exception as exc:  # noqa: BLE001 - a store hiccup: try again at the next beat, the lease has margin
+            _log.warning("could not renew the lease of session %s: %s", self.session_id, exc)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.timing.heartbeat_s):
+            self._renew()
+
+    def stop(self, *, release: bool = False) -> None:
+        """Stop renewing; `release` also lets go of the lease at once (a paused session waits for no process)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.timing.heartbeat_s + 5)
+        if release:
+            with contextlib.suppress(Exception):
+                self.log.release_lease(self.session_id, self.owner)
+
+
+@contextlib.contextmanager
+def holding_lease(log: SessionLog, session_id: str, timing: LeaseTiming) -> Iterator[Heartbeat]:
+    """Renew the session's lease while the block runs. A session still running when the block ends (paused for an
+    answer) is released, so its answer can be given from any process at once."""
+    beat = Heartbeat(log, session_id, timing).start()
+    try:
+        yield beat
+    finally:
+        beat.stop(release=True)
+
+
+def lease_refusal(lease: SessionLease, now: datetime | None = None) -> str | None:
+    """Why a session cannot be resumed now because a process still holds it, or None when none does."""
+    now = now or datetime.now(UTC)
+    if not lease.live(now):
+        return None
+    age = lease.heartbeat_age_s(now)
+    seen = "no heartbeat yet" if age is None else f"last heartbeat {age:.0f} s ago"
+    return (f"session {lease.session_id} is running in another process ({seen}): wait for it to finish, or, if that "
+            f"process has been stopped, resume it after its lease expires in {lease.expires_in_s(now):.0f} s")
+
+
+def sweep_leases(log: SessionLog, say: Callable[[str], None] = lambda _m: None) -> LeaseSweep:
+    """The crash sweep every process start and each scheduler tick runs: sessions whose process is gone become
+    interrupted (checkpointed: `rubricem resume` goes on with them) or failed (never trained on). A store error is
+    logged, never fatal: the sweep runs again at the next start."""
+    try:
+        found = log.sweep_expired_leases()
+    except Exception as exc:  # noqa: BLE001 - a sweep must never keep the process from starting
+        _log.warning("crash sweep failed: %s", exc)
+        return LeaseSweep((), ())
+    if found.failed:
+        say(f"{len(found.failed)} session(s) whose process stopped could not be resumed: marked failed")
+    if found.interrupted:
+        say(f"{len(found.interrupted)} session(s) were interrupted (their process stopped): resume one with "
+            "`rubricem resume SESSION`")
+    return found
 
 
 class ResumeError(InputError):

@@ -1,9 +1,10 @@
 """Checks and repairs before a session goes on from its checkpoint (`ResearchService.resume`).
 
 Bad input changes nothing: an unknown session (SessionNotFound), a finished one, one never run durably, an answer
-to a session that is not waiting for one (or waits for the other kind of answer), or a session another resume has
-just taken over (ResumeError). A session that cannot go on (its checkpoint missing, unreadable, or not matching the
-log; its pause expired) is marked failed, and its run state says why.
+to a session that is not waiting for one (or waits for the other kind of answer), a session another resume has
+just taken over, or one another process is still running (its lease is live, issue 34) (ResumeError). A session
+that cannot go on (its checkpoint missing, unreadable, or not matching the log; its pause expired) is marked failed,
+and its run state says why.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from agent.deps import AgentDeps
 from agent.graph import build_graph
 from agent.protocols import PolicyClient, SearchTool
 from agent.tools.ids import CallIdFactory
-from app.durable import DurableSessions, ResumeError, mark_expired, prune_ended
+from app.durable import DurableSessions, LeaseTiming, ResumeError, lease_refusal, mark_expired, prune_ended
 from app.outcomes import EventSink, ResearchPaused, RunFailedError
 from store.errors import InvalidInput
 from store.records import SessionRecord
@@ -31,6 +32,7 @@ class ResumableService(Protocol):
 
     log: SessionLog
     durable: DurableSessions | None
+    lease: LeaseTiming
     policy: PolicyClient
     tools: dict[str, SearchTool]
 
@@ -39,7 +41,8 @@ async def prepare_resume(
     service: ResumableService, sid: str, decision: PlanDecision | ClarificationAnswer | None, sink: EventSink
 ) -> ResearchPaused | tuple[SessionRecord, AgentDeps, int]:
     """The pause again (no answer given), or the session's record, fresh deps and the dropped turns; the session
-    is then taken over by this resume (`SessionRuns.claim`: a concurrent second resume is refused)."""
+    is then taken over by this resume (`SessionRuns.claim`: a concurrent second resume is refused, and so is a
+    session whose lease another live process holds: its turns would be appended twice)."""
     rec = service.log.get(sid)  # SessionNotFound for an unknown id
     durable = service.durable
     if durable is None:
@@ -73,8 +76,11 @@ async def prepare_resume(
             return ResearchPaused(sid, PlanForApproval.from_dict({}), run.expires_at or "",
                                   question=str((run.pause or {}).get("question", "")))
         return ResearchPaused(sid, PlanForApproval.from_dict(run.pause or {}), run.expires_at or "")
-    if not durable.runs.claim(run):
-        raise ResumeError(f"session {sid} is already being resumed by another request: wait for that run "
+    if (held := lease_refusal(service.log.lease(sid), service.log.clock())) is not None:
+        raise ResumeError(held)
+    if not durable.runs.claim(run, lease_s=service.lease.lease_s):
+        held = lease_refusal(service.log.lease(sid), service.log.clock())
+        raise ResumeError(held or f"session {sid} is already being resumed by another request: wait for that run "
                           "(or reload the session) instead of resuming it twice")
     try:
         async with open_checkpointer(durable.target) as cp:

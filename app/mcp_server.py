@@ -1,23 +1,36 @@
 """The agent as an MCP server (the SDK's MCPServer): `research`, `search_bank` and `get_session`.
 
 Each tool calls the services the CLI uses (ResearchService, the rubric bank, the session log), so an MCP client gets
-the same sessions, reports and references as `rubricem ask`; a `research` call is logged with source `api`. Over
-HTTP the server is open on loopback only: anywhere else it needs a bearer token (`RUBRICEM_MCP__TOKEN`), compared in
-constant time.
+the same reports and references as `rubricem ask`; a `research` call is logged with source `api`.
+
+Who a caller is (issue 34): every MCP caller acts as one scoped identity, `RUBRICEM_MCP__OWNER` (default `mcp`). The
+sessions `research` creates are owned by it, and `get_session` opens only that identity's sessions: anyone else's id
+gets the same "no session" answer as a missing one (`store.people.ScopedStore`), so the CLI's (`local`) and the UI
+users' history stay private. `search_bank` returns rubrics and takeaways, but the question text only of items made
+from that identity's own sessions: other people's questions are withheld, as they are from prompts.
+
+Over HTTP: only an exact bind of 127.0.0.1, localhost or ::1 may run without a token (other local processes can
+reach it; web pages cannot, see below); any other address, 127.0.0.2 included, needs a bearer token
+(`RUBRICEM_MCP__TOKEN`) of at least MIN_TOKEN_CHARS characters, compared in constant time. DNS-rebinding protection
+is always set explicitly: the Host header must name the bind address (or `RUBRICEM_MCP__ALLOWED_HOSTS`) and port, so a
+browser page cannot reach a local server through a name it controls. At most `RUBRICEM_MCP__MAX_CONCURRENT_RUNS`
+research runs go at once; a call over the limit is refused at once (an MCP client's call would otherwise wait minutes
+with no answer).
 """
 
 # No `from __future__ import annotations`: the SDK reads the tool functions' annotations as real types.
 import asyncio
 import hmac
-import ipaddress
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
@@ -28,20 +41,32 @@ from app import events as ev
 from app.container import Services
 from app.service import RunFailedError
 from store.errors import SessionNotFound
+from store.owner import acting_as
+from store.people import ScopedStore, Viewer
 from store.records import SessionRecord, Snippet
+from store.rubric_bank import WITHHELD_QUESTION
+from store.users import check_user_id
 
 _log = logging.getLogger(__name__)
 
 INSTRUCTIONS = (
     "rubricem is a deep-research agent. `research` plans, searches its document index (and any configured search "
     "tools), reviews the evidence against a rubric it writes itself, and answers with a Markdown report whose [n] "
-    "markers point to numbered references; it takes minutes. `get_session` reads a past session back; "
-    "`search_bank` searches the rubric bank of reflections on earlier questions."
+    "markers point to numbered references; it takes minutes. `get_session` reads one of this server's past "
+    "sessions back; `search_bank` searches the rubric bank of reflections on earlier questions."
 )
 
 
+MCP_OWNER = "mcp"  # the default identity of MCP callers: not `local`, which owns the CLI's (and open UI's) sessions
+MIN_TOKEN_CHARS = 32  # a shared secret short enough to guess or brute-force is no lock
+OPEN_HOSTS = ("127.0.0.1", "localhost", "::1")  # the exact binds that may serve HTTP without a token
+WILDCARD_HOSTS = ("0.0.0.0", "::")  # every interface: the Host header clients send cannot be derived from these
+MAX_BANK_K = 10  # search_bank hits per call: enough to browse, too few to page through the whole bank quickly
+
+
 class McpAccessError(ValueError):
-    """The HTTP transport would be reachable by others without a token."""
+    """The HTTP transport would be reachable by others without a (strong enough) token, or its allowed Host names
+    cannot be derived from the bind address."""
 
 
 # ---- typed records at the boundary ---------------------------------------------------------------------------------
@@ -89,7 +114,8 @@ class BankHit(BaseModel):
     """A rubric-bank item similar to the query."""
 
     id: str
-    question: str
+    question: str = Field(description="The question the item reflects on: only for the caller's own sessions; "
+                          f"otherwise {WITHHELD_QUESTION!r}.")
     similarity: float
     score: float = Field(description="The reflection judge's score in [0, 1].")
     rubrics: str
@@ -222,27 +248,91 @@ class ProgressPump:
 # ---- the server ----------------------------------------------------------------------------------------------------
 
 
-def is_loopback(host: str) -> bool:
-    """Whether `host` is a loopback address (or `localhost`)."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+def is_open_host(host: str) -> bool:
+    """Whether HTTP may be served on `host` without a token: only the exact loopback binds 127.0.0.1, localhost and
+    ::1. Other 127.x addresses are loopback too, but the SDK (and people) treat them as "some other address": asking
+    for a token there costs nothing and keeps one rule."""
+    return host.strip().lower() in OPEN_HOSTS
 
 
 def check_bind(host: str, token: str | None) -> None:
-    """Refuse to serve HTTP off loopback without a token.
+    """Refuse to serve HTTP without a token off the exact loopback binds, or with a token too short to be a secret.
 
     Raises:
-        McpAccessError: `host` is not loopback and no token is set.
+        McpAccessError: a bracketed host, no token off 127.0.0.1/localhost/::1, or a token under MIN_TOKEN_CHARS.
     """
-    if not token and not is_loopback(host):
+    if host.strip().startswith("["):
+        raise McpAccessError(f"rubricem mcp binds an address, not a URL host: write {host.strip().strip('[]')} "
+                             f"instead of {host.strip()} (RUBRICEM_MCP__HOST or --host).")
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        raise McpAccessError(
+            f"RUBRICEM_MCP__TOKEN is {len(token)} characters; it needs at least {MIN_TOKEN_CHARS} so it cannot be "
+            "guessed. Generate one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`.")
+    if not token and not is_open_host(host):
         raise McpAccessError(
             f"rubricem mcp will not serve HTTP on {host} without a token: anyone who can reach it could run research "
-            "and read every session. Set RUBRICEM_MCP__TOKEN (clients send it as `Authorization: Bearer ...`), or "
-            "bind 127.0.0.1.")
+            "and read the MCP identity's sessions. Set RUBRICEM_MCP__TOKEN (at least "
+            f"{MIN_TOKEN_CHARS} characters; clients send it as `Authorization: Bearer ...`), or bind 127.0.0.1.")
+
+
+def transport_security(host: str, port: int, extra_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
+    """The SDK's DNS-rebinding protection, set explicitly for every bind (the SDK turns it on by itself only for the
+    three loopback names, and not at all elsewhere): the Host header must be the bind address (for a loopback bind,
+    any loopback name) or one of `extra_hosts`, at `port` unless the entry names its own; an Origin, when sent, must
+    be one of those hosts over http or https.
+
+    Raises:
+        McpAccessError: a wildcard bind (0.0.0.0, ::) with no `extra_hosts`: the names clients use are unknown.
+    """
+    bind = host.strip().lower()
+    if bind in WILDCARD_HOSTS and not extra_hosts:
+        raise McpAccessError(
+            f"rubricem mcp on {host} listens on every interface, so it cannot tell which Host names are its own: set "
+            'RUBRICEM_MCP__ALLOWED_HOSTS to the names clients use, as a JSON list (e.g. ["mcp.example.org", '
+            '"10.0.0.5"]), or bind one address.')
+    names = list(OPEN_HOSTS) if bind in OPEN_HOSTS else ([] if bind in WILDCARD_HOSTS else [bind])
+    hosts: list[str] = []
+    for name in [*names, *(h.strip().lower() for h in extra_hosts if h.strip())]:
+        entry = _host_header(name, port)
+        if entry not in hosts:
+            hosts.append(entry)
+    origins = [f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                     allowed_origins=origins)
+
+
+def _host_header(name: str, port: int) -> str:
+    """`name` as a Host header: with `port` unless it names one; a bare IPv6 address in brackets."""
+    if name.startswith("["):  # [v6] or [v6]:port
+        return name if "]:" in name else f"{name}:{port}"
+    if name.count(":") > 1:  # a bare IPv6 address
+        return f"[{name}]:{port}"
+    return name if ":" in name else f"{name}:{port}"
+
+
+class RunSlots:
+    """At most `limit` research runs at once (each holds the policy for minutes); a call over it is refused at once
+    with a message, rather than left waiting, so a client is never stuck without an answer."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.active = limit, 0
+
+    @contextmanager
+    def take(self) -> Iterator[None]:
+        """Hold one slot for the block (all on the event loop's thread, so a plain counter is enough).
+
+        Raises:
+            ToolError: all slots are taken.
+        """
+        if self.active >= self.limit:
+            raise ToolError(
+                f"busy: {self.active} research run(s) already in progress, the most this server runs at once "
+                f"(RUBRICEM_MCP__MAX_CONCURRENT_RUNS={self.limit}); try again when one has finished.")
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
 
 
 class StaticTokenVerifier:
@@ -260,7 +350,7 @@ class StaticTokenVerifier:
 
 def build_server(
     services: Services, *, token: str | None = None, base_url: str | None = None,
-    on_event: Callable[[ev.Event], None] | None = None,
+    on_event: Callable[[ev.Event], None] | None = None, owner: str = MCP_OWNER, max_concurrent_runs: int = 1,
 ) -> MCPServer:
     """The MCP server over `services`.
 
@@ -268,6 +358,9 @@ def build_server(
         token: require this bearer token (HTTP); `base_url` (e.g. http://127.0.0.1:8765/mcp) is then the resource
             URL the SDK's auth metadata names.
         on_event: also receives every research event (e.g. stderr progress for the operator).
+        owner: the identity every caller acts as: it owns the sessions `research` creates, and is the only owner
+            whose sessions `get_session` opens and whose questions `search_bank` shows.
+        max_concurrent_runs: research runs at once; a call over it is refused (ToolError "busy").
     """
     auth: dict[str, Any] = {}
     if token:
@@ -276,6 +369,9 @@ def build_server(
                 "token_verifier": StaticTokenVerifier(token)}
     app: MCPServer = MCPServer("rubricem", instructions=INSTRUCTIONS, **auth)
     defaults = services.settings.agent.defaults
+    owner = check_user_id(owner)  # stored as a user id is (stripped; e-mails lower-cased), so the filter matches
+    scoped = ScopedStore(services.log, Viewer(owner))  # never an admin: the caller sees its own sessions only
+    slots = RunSlots(max_concurrent_runs)
 
     @app.tool(annotations=ToolAnnotations(read_only_hint=False, open_world_hint=True))
     async def research(
@@ -290,17 +386,19 @@ def build_server(
             run_options = RunOptions.model_validate(defaults.model_dump() | chosen)
         except ValidationError as exc:
             raise ToolError(f"invalid options: {exc.errors(include_input=False)}") from exc
-        pump = ProgressPump(ctx, on_event)
-        try:
-            outcome = await services.research.run(question, run_options, on_event=pump, tools=opts.tools,
-                                                  source="api")
-        except InputError as exc:
-            raise ToolError(str(exc)) from exc
-        except RunFailedError as exc:
-            where = f"; session {exc.session_id} is marked failed" if exc.session_id else ""
-            raise ToolError(f"the research run failed ({exc}){where}") from exc
-        finally:
-            await pump.close()
+        with slots.take():
+            pump = ProgressPump(ctx, on_event)
+            try:
+                with acting_as(owner):  # the session is the MCP identity's, not the CLI's `local`
+                    outcome = await services.research.run(question, run_options, on_event=pump, tools=opts.tools,
+                                                          source="api")
+            except InputError as exc:
+                raise ToolError(str(exc)) from exc
+            except RunFailedError as exc:
+                where = f"; session {exc.session_id} is marked failed" if exc.session_id else ""
+                raise ToolError(f"the research run failed ({exc}){where}") from exc
+            finally:
+                await pump.close()
         report = outcome.report
         result = ResearchResult(
             session_id=outcome.session_id, report=report.markdown, references=references(report),
@@ -311,29 +409,40 @@ def build_server(
         return CallToolResult(content=[TextContent(type="text", text=text)],
                               structured_content=result.model_dump(mode="json"))
 
+    def _owns(session_id: str) -> bool:
+        """Whether the MCP identity owns this session (a deleted or someone else's session: no)."""
+        try:
+            scoped.owner_of(session_id)
+        except SessionNotFound:
+            return False
+        return True
+
     @app.tool(annotations=ToolAnnotations(read_only_hint=True))
     async def search_bank(
         query: str,
-        k: Annotated[int, Field(ge=1, le=50)] = 5,
-        min_similarity: Annotated[float, Field(ge=-1.0, le=1.0)] = 0.0,
+        k: Annotated[int, Field(ge=1, le=MAX_BANK_K, description=f"Hits to return, 1 to {MAX_BANK_K}.")] = 5,
+        min_similarity: Annotated[float, Field(ge=0.0, le=1.0, description="Cosine similarity floor, 0 to 1.")] = 0.0,
     ) -> BankSearchResult:
         """Search the rubric bank: reflections (rubrics and takeaways) the agent wrote on earlier, judged questions,
-        most similar question first."""
+        most similar question first. The question text is shown only for this server's own sessions; others'
+        questions are withheld."""
         if not query.strip():
             raise ToolError("the query is empty")
         hits = await asyncio.to_thread(services.bank.search, query, k)
         return BankSearchResult(hits=[
-            BankHit(id=h.item.id, question=h.item.question, similarity=round(h.similarity, 4), score=h.item.score,
-                    rubrics=h.item.rubrics, takeaways=h.item.takeaways, created_at=h.item.created_at)
+            BankHit(id=h.item.id, question=h.item.question if _owns(h.item.session_id) else WITHHELD_QUESTION,
+                    similarity=round(h.similarity, 4), score=h.item.score, rubrics=h.item.rubrics,
+                    takeaways=h.item.takeaways, created_at=h.item.created_at)
             for h in hits if h.similarity >= min_similarity
         ])
 
     @app.tool(annotations=ToolAnnotations(read_only_hint=True))
     async def get_session(session_id: str, include_turns: bool = False) -> SessionResult:
-        """A logged research session: question, status, report with its references, tool calls and (with
-        include_turns) every turn of the plan, research, review and answer."""
+        """A research session this server ran: question, status, report with its references, tool calls and (with
+        include_turns) every turn of the plan, research, review and answer. Other people's sessions are not
+        found."""
         try:
-            record = services.log.get(session_id.strip())  # a short read, on the loop's thread like the run's writes
+            record = scoped.get(session_id.strip())  # a short read, on the loop's thread like the run's writes
         except SessionNotFound as exc:
             raise ToolError(f"no session with id {session_id!r}") from exc
         return session_result(record, include_turns)

@@ -4,6 +4,7 @@ and activated on the configured backend (embedded in-process, or vLLM with runti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -32,6 +33,53 @@ from store.session_log import SessionLog
 
 _log = logging.getLogger(__name__)
 PROBE_COUNT = 4
+
+
+def deletion_copies(settings: Settings, bank: Any | None) -> Any:
+    """Where a deletion finds copies of people's data on this host (`store.deletion.Copies`): the cycles' run
+    folders, their run collections (through `bank`; None when it is unreachable) and the judge's answer cache."""
+    from store.deletion import Copies
+
+    cache = (settings.learning.cache_dir or settings.store.data_dir / "judge-cache") \
+        if settings.learning.judge.cache else None
+    return Copies(settings.store.data_dir / "runs", cache, bank)
+
+
+def purge_runs(settings: Settings, log: SessionLog, say: Say = lambda _m: None) -> Any:
+    """After a cycle (under the cycle lock): keep the run folders and run collections of the newest
+    `keep_run_folders` finished cycles, remove older ones, and remove those of every finished cycle a deletion was
+    recorded against (one that ran while the deletion committed; the judge cache is emptied again then, as it may
+    have been written meanwhile). A failure is said and logged, never raised: the next cycle or deletion retries.
+    Returns the `store.deletion.CopiesPurged` of the deletions' part."""
+    from app.container import open_bank
+    from store.deletion import clear_judge_cache, purge_copies, remove_run_folder
+    from store.rubric_bank import BankError
+
+    try:
+        bank: Any = open_bank(settings)
+    except BankError as exc:
+        say(f"the rubric bank is unavailable ({exc}): run collections stay until the next cycle")
+        bank = None
+    copies = deletion_copies(settings, bank)
+    purged = purge_copies(log, copies)
+    if purged.run_folders and copies.judge_cache is not None:  # a cycle that held deleted data ended: what it
+        cleared, failures = clear_judge_cache(copies.judge_cache)  # judged meanwhile may be in the cache
+        purged = dataclasses.replace(purged, cache_entries=cleared, failed=purged.failed + tuple(failures))
+    for failure in purged.failed:
+        say(f"deletion clean-up: {failure}")
+        _log.warning("deletion clean-up: %s", failure)
+    keep = settings.learning.retrain.keep_run_folders
+    finished = [c.cycle_id for c in Registry(log).cycles(limit=1_000_000_000)
+                if c.status != "running" and (copies.runs_dir / c.cycle_id).is_dir()]
+    for cycle_id in finished[keep:]:  # newest first
+        try:
+            remove_run_folder(copies.runs_dir, cycle_id)
+            if bank is not None:
+                bank.drop_run_collection(cycle_id)
+        except (OSError, BankError) as exc:
+            say(f"could not remove the run folder or collection of {cycle_id}: {exc}")
+            _log.warning("run folder retention: %s: %s", cycle_id, exc)
+    return purged
 
 
 async def prepare_live(policy: Any, settings: Settings, new: PolicyVersion, old: PolicyVersion) -> list[str]:
@@ -254,9 +302,11 @@ class RetrainApp:
         await self._policy().wake_up()
 
     async def aclose(self) -> None:
-        """Finish pending unloads and close clients."""
+        """Finish pending unloads, close clients, then apply run-folder retention and finish deletions' clean-up of
+        cycles that have ended (`purge_runs`; the caller holds the cycle lock)."""
         if self._pending:
             self.say(f"waiting {self.settings.learning.retrain.unload_grace_s:.0f}s before unloading old adapters")
             await asyncio.gather(*self._pending, return_exceptions=True)
         if self._probe_policy is not None:
             await self._probe_policy.aclose()
+        await asyncio.to_thread(purge_runs, self.settings, self.log, self.say)

@@ -11,6 +11,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +90,23 @@ async def run_cycle(settings: Settings, *, trigger: str, force: bool, say: Say =
         raise
 
 
+def sweep(settings: Settings) -> None:
+    """The crash sweep (issue 34): sessions whose process is gone become interrupted (resumable) or failed, so none
+    stays 'running' for ever, and a cycle never counts one as new work. A store error is logged, never fatal."""
+    from app.durable import sweep_leases
+    from store.session_log import SessionLog
+
+    try:
+        with SessionLog.from_config(settings.store) as log:
+            sweep_leases(log, _log.info)
+    except Exception:  # noqa: BLE001 - the scheduler goes on; the next tick sweeps again
+        _log.exception("crash sweep failed")
+
+
 def scheduled_job(settings: Settings) -> None:
-    """The scheduler's job: one cycle (skipped below min_new_sessions); errors are logged, the scheduler goes on."""
+    """The scheduler's job: the crash sweep, then one cycle (skipped below min_new_sessions); errors are logged, the
+    scheduler goes on."""
+    sweep(settings)
     try:
         result = asyncio.run(run_cycle(settings, trigger="scheduler", force=False, say=_log.info))
         _log.info("retraining cycle: %s", result.message)
@@ -115,4 +131,8 @@ def build_scheduler(settings: Settings, blocking: bool = True) -> Any:
     # covers other processes (and other hosts with a PostgreSQL store).
     sched.add_job(scheduled_job, trigger, args=[settings], id="retrain", max_instances=1, coalesce=True,
                   misfire_grace_time=3600)
+    # The crash sweep (issue 34) when the scheduler starts, then every few minutes, whatever the cycle's cadence.
+    every = max(60.0, settings.sessions.lease_s)
+    sched.add_job(sweep, IntervalTrigger(seconds=every), args=[settings], id="sweep", max_instances=1, coalesce=True,
+                  next_run_time=datetime.now(UTC))
     return sched

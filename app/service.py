@@ -35,7 +35,7 @@ from agent.run import (
 )
 from agent.tools.ids import CallIdFactory
 from app import events as ev
-from app.durable import DurableSessions
+from app.durable import DurableSessions, Heartbeat, LeaseTiming
 from app.outcomes import EventSink, ResearchPaused, ResearchRejected, RunFailedError  # re-exported here too
 from store.errors import StoreError
 from store.records import STAGES, PromptRecord, Retrieval, SessionSource, ToolCallRecord, Trajectory, Turn
@@ -144,13 +144,16 @@ class ResearchService:
         embed: Embed | None = None,
         base_adapter: Path | None = None,
         durable: DurableSessions | None = None,
+        lease: LeaseTiming | None = None,
     ) -> None:
         """`embed` (texts → normalised vectors) lets an uncited answer get references matched after writing;
-        `base_adapter` is what the registry's `base` version serves (app.container.base_adapter: the SFT adapter)."""
+        `base_adapter` is what the registry's `base` version serves (app.container.base_adapter: the SFT adapter);
+        `lease` how this process holds the sessions it runs (issue 34: a resume never takes over a live one)."""
         self.policy, self.tools, self.log, self.config, self.bank = policy, dict(tools), log, config, bank
         self.live, self.embed = live, embed
         self.base_adapter = base_adapter
         self.durable = durable  # None: sessions are not checkpointed (no resume, no plan approval)
+        self.lease = lease or LeaseTiming()
         self._swap_lock = asyncio.Lock()
 
     async def sync_live(self, sink: EventSink) -> None:
@@ -284,6 +287,7 @@ class ResearchService:
             raise RunFailedError(None, f"{type(exc).__name__}: {exc}") from exc
         bank_meta = {"mode": refs.mode,
                      "items": [{"id": h.item.id, "similarity": round(h.similarity, 4)} for h in refs.hits]}
+        beat = Heartbeat(self.log, sid, self.lease).start()  # this process holds the session while it runs
         try:
             sink(ev.SessionStarted(sid, version))
             if refs.hits:
@@ -301,6 +305,8 @@ class ResearchService:
             if isinstance(exc, Exception):
                 raise RunFailedError(sid, f"{type(exc).__name__}: {exc}") from exc
             raise
+        finally:
+            beat.stop(release=True)
 
     def _fail(self, sid: str, exc: BaseException, started: float, sink: EventSink) -> None:
         message = f"{type(exc).__name__}: {exc}"
@@ -397,6 +403,7 @@ class ResearchService:
         sink(ev.SessionResumed(session_id, dropped))
         if isinstance(decision, PlanDecision):
             sink(ev.Note("plan_decision", {"action": decision.action}))
+        beat = Heartbeat(self.log, session_id, self.lease).start()  # prepare_resume took the lease: keep it
         try:
             deps.recorder = _SessionRecorder(self.log, session_id, sink)
             traj = rec.trajectory
@@ -409,3 +416,5 @@ class ResearchService:
             if isinstance(exc, Exception):
                 raise RunFailedError(session_id, f"{type(exc).__name__}: {exc}") from exc
             raise
+        finally:
+            beat.stop(release=True)

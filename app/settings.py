@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.config import AgentConfig
@@ -23,14 +23,21 @@ class UIConfig(BaseModel):
 
     host: str = Field(default="127.0.0.1", description="Address `rubricem ui` binds; not loopback needs a login.")
     port: int = Field(default=8501, ge=1, le=65535, description="Port `rubricem ui` listens on.")
-    password: SecretStr | None = Field(default=None, description="Login password for users (required off loopback "
-                                       "unless OIDC is on).")
-    admin_password: SecretStr | None = Field(default=None, description="Login password that also grants admin "
-                                             "actions (retrain now).")
+    password: SecretStr | None = Field(default=None, description="Shared login password, at least 12 characters: "
+                                       "logs in as shared:user, one identity for everyone who knows it (several "
+                                       "people: named accounts).")
+    admin_password: SecretStr | None = Field(default=None, description="Shared admin password (at least 12 "
+                                             "characters): logs in as shared:admin, with admin actions.")
     oidc: bool = Field(default=False, description="Log in through Streamlit's built-in OIDC (st.login); needs an "
                        "[auth] section in .streamlit/secrets.toml.")
     admin_emails: list[str] = Field(default_factory=list, description="OIDC users (by e-mail) who are admins, as a "
-                                    "JSON list.")
+                                    "JSON list; only an address the provider marks email_verified=true counts.")
+    login_free_attempts: int = Field(default=5, ge=1, le=100, description="Failed logins per client address and "
+                                     "per account name before each further try waits (2 s, 4 s, 8 s ...).")
+    login_max_backoff_s: float = Field(default=900.0, gt=0, le=86400, description="Longest wait after failed "
+                                       "logins, seconds (a UI restart forgets every count).")
+    login_checks_per_s: float = Field(default=5.0, gt=0, le=1000, description="Password checks (bcrypt) the UI "
+                                      "does per second at most, over all visitors; more attempts are asked to wait.")
 
     @field_validator("password", "admin_password", mode="before")
     @classmethod
@@ -47,12 +54,22 @@ class McpServeConfig(BaseModel):
 
     transport: Literal["stdio", "http"] = Field(default="stdio", description="stdio (a desktop client starts the "
                                                 "process) or http (streamable HTTP on host:port).")
-    host: str = Field(default="127.0.0.1", description="Address the HTTP transport binds; not loopback needs a token.")
+    host: str = Field(default="127.0.0.1", description="Address the HTTP transport binds; anything but exactly "
+                      "127.0.0.1, localhost or ::1 needs a token.")
     port: int = Field(default=8765, ge=1, le=65535, description="Port of the HTTP transport.")
     path: str = Field(default="/mcp", pattern=r"^/[A-Za-z0-9_./-]*$", description="Endpoint path of the HTTP "
                       "transport.")
-    token: SecretStr | None = Field(default=None, description="Bearer token HTTP clients must send (required off "
-                                    "loopback).")
+    token: SecretStr | None = Field(default=None, description="Bearer token HTTP clients must send, at least 32 "
+                                    "characters (required off 127.0.0.1, localhost and ::1).")
+    allowed_hosts: list[str] = Field(default_factory=list, description="Extra Host names (name or name:port) HTTP "
+                                     "clients may use besides the bind address, as a JSON list; required when binding "
+                                     "0.0.0.0 or :: (DNS-rebinding protection).")
+    owner: str = Field(default="mcp", min_length=1, max_length=254, pattern=r"^[^\x00-\x1f\x7f]+$",
+                       description="The one identity every MCP caller acts as: it owns the sessions MCP research "
+                       "creates and sees only those (not the CLI's `local` ones, nor UI users'). Name a UI account to "
+                       "let that person see them in their history.")
+    max_concurrent_runs: int = Field(default=1, ge=1, le=64, description="Research runs the MCP server does at once; "
+                                     "a call over the limit is refused with a busy message.")
 
     @field_validator("token", mode="before")
     @classmethod
@@ -76,6 +93,43 @@ class SessionsConfig(BaseModel):
         default="auto", description="Before planning, let the policy ask the user one question when the request is "
         "ambiguous (chat and `rubricem ask`; batch, eval and MCP never ask). auto: on for endpoint policies (vllm, "
         "llamacpp), off for the embedded model.")
+    heartbeat_s: float = Field(default=20.0, gt=0, le=3600, description="The process running a session renews its "
+                               "lease this often, seconds.")
+    lease_s: float = Field(default=90.0, gt=0, le=86400, description="A session's lease lasts this long after each "
+                           "heartbeat, seconds; once it lapses the process is taken to be gone: the session shows as "
+                           "interrupted and `rubricem resume` may take it over. Longer than heartbeat_s.")
+    max_runs_per_person: int = Field(default=2, ge=1, le=1000, description="Chat research runs one person may have "
+                                     "going at once (a page left mid-run still counts until its run ends).")
+    max_runs_total: int = Field(default=4, ge=1, le=10000, description="Chat research runs going at once in one UI "
+                                "process, everyone together (they all share one model).")
+    user_max_wall_clock_s: float = Field(default=900.0, gt=0, description="Longest time limit a non-admin may give "
+                                         "one chat run, seconds (admins: up to 3600).")
+    user_max_tool_calls: int = Field(default=10, ge=0, le=50, description="Most tool calls a non-admin may give one "
+                                     "chat run (admins: up to 50).")
+    batch_max_questions: int = Field(default=10000, ge=1, description="Most questions one `rubricem batch` file may "
+                                     "hold (the file is read line by line).")
+
+    @model_validator(mode="after")
+    def _heartbeat_inside_lease(self) -> SessionsConfig:
+        """A heartbeat slower than the lease would let a live run's session look interrupted, and be taken over."""
+        if self.heartbeat_s >= self.lease_s:
+            raise ValueError(f"sessions.heartbeat_s ({self.heartbeat_s}) must be shorter than sessions.lease_s "
+                             f"({self.lease_s})")
+        return self
+
+
+class UploadsConfig(BaseModel):
+    """Documents added from the chat (env: RUBRICEM_UPLOADS__<FIELD>): caps that keep one upload from exhausting the
+    machine (issue 34)."""
+
+    max_file_bytes: int = Field(default=25_000_000, ge=1, description="Largest file one upload may hold, bytes; the "
+                                "upload is copied to disk in pieces and refused past this.")
+    pdf_max_bytes: int = Field(default=25_000_000, ge=1, description="Largest PDF that is ingested (uploads and "
+                               "`rubricem ingest`), bytes.")
+    pdf_max_pages: int = Field(default=500, ge=1, description="Most pages a PDF may have; more is refused before "
+                               "any text is extracted.")
+    pdf_max_text_chars: int = Field(default=5_000_000, ge=1, description="Most text extracted from one PDF, "
+                                    "characters; a PDF that decompresses to more (a PDF bomb) is refused.")
 
 
 class PolicyServerConfig(BaseModel):
@@ -113,6 +167,7 @@ class Settings(BaseSettings):
     ui: UIConfig = UIConfig()
     mcp: McpServeConfig = McpServeConfig()
     sessions: SessionsConfig = SessionsConfig()
+    uploads: UploadsConfig = UploadsConfig()
     policy_server: PolicyServerConfig = PolicyServerConfig()
 
 

@@ -60,6 +60,11 @@ class RetrainConfig(BaseModel):
         default=False, description="One-GPU mode: put vLLM to sleep while training, wake it after.")
     unload_grace_s: float = Field(default=60.0, ge=0, description="Seconds before an old adapter is unloaded.")
     max_token_caps: int = Field(default=96, ge=16, description="Per-stage token cap of training rollouts.")
+    keep_run_folders: int = Field(
+        default=2, ge=0,
+        description="Run folders (DATA_DIR/runs/<cycle>: questions, rollouts, checkpoints) and run bank collections "
+        "of finished cycles kept after each cycle, newest first; older ones are removed (they hold copies of users' "
+        "questions; the adapters stay in runs/adapters). 0 = remove each as soon as its cycle ends.")
 
 
 class LearningConfig(BaseModel):

@@ -11,21 +11,39 @@ ids, random hex, which also find items stored under another id) stay listed on t
 succeeds; the removal is idempotent, so `resume_deletions` (run again by every later deletion, and by
 `rubricem users delete-data`) finishes an interrupted one.
 
+Copies outside the database (issue 34), given as `Copies`: every retraining cycle whose window held their learnable
+sessions, or whose `questions.jsonl` names one of their questions, is recorded against the deletion
+(`cycle_data_deletions`, same transaction). A finished cycle's whole run folder (questions, the rollouts' log, every
+checkpoint's copy of it and of the run bank) and its `<bank>_run_<cycle>` collection are then removed: a run folder
+is scratch once its cycle has finished (the adapter it produced was copied to runs/adapters), so removing it whole is
+simpler and surer than rewriting three copies of a SQLite file. A cycle still running is left alone; the version it
+registers carries the deletion's mark (`Registry.register` copies the rows) and its own clean-up removes its folder
+when it ends (`app.retrain.purge_runs`). The judge's answer cache is emptied: its entries are keyed by a hash of the
+whole request, so whose they are cannot be told, and it only saves judge calls.
+
+The judge's rubric buffers: a buffer of a question they asked goes (its rubrics were generated from trajectories that
+include theirs); in a buffer of a question they only gave feedback on, only rubrics made from feedback notes go
+(written there by judges before issue 34; notes now reach the judge of their giver's sessions only and are never
+saved in the shared buffer, so other people's notes stay in the feedback table and keep judging their sessions).
+
 What a trained adapter learned cannot be taken out of it: the marks say which versions that concerns.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 from store.db import Connection
 from store.records import normalise_question, question_sha, sha256_text
 from store.session_log import SessionLog
-from store.session_log.codec import text_out
+from store.session_log.codec import mapping_in, text_out
 from store.users import UnknownUser, check_user_id
 
 # Child tables first; each keyed by session. feedback also by its giver (their notes on an admin's... own sessions).
@@ -34,10 +52,53 @@ _SESSION_TABLES = ("snippets", "tool_calls", "turns", "judgements", "feedback", 
 _OWNED = "SELECT session_id FROM sessions WHERE owner = ?"
 
 
+FEEDBACK_RUBRIC_TITLE = "Address user feedback: "  # learning.judge.feedback.FEEDBACK_TITLE_PREFIX (a test ties them)
+_CACHE_DIR = re.compile(r"^[0-9a-f]{2}$")
+_CACHE_ENTRY = re.compile(r"^(\.[0-9a-f]{8}-.*\.tmp|[0-9a-f]{64}\.json)$")
+
+
 class DerivedBank(Protocol):
     """The part of the rubric bank a deletion needs (`store.rubric_bank.RubricBank` has it)."""
 
     def delete_derived(self, session_ids: Sequence[str], item_ids: Sequence[str] = ()) -> int: ...
+
+
+class RunBanks(Protocol):
+    """Drops a retraining cycle's own bank collection (`store.rubric_bank.RubricBank` has it)."""
+
+    def drop_run_collection(self, cycle_id: str) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Copies:
+    """Where copies of people's data live outside the database, on this host (issue 34).
+
+    Attributes:
+        runs_dir: DATA_DIR/runs, one folder per retraining cycle named after it (runs/adapters is never touched).
+        judge_cache: The judge's answer cache folder (None: no cache).
+        run_banks: What drops a cycle's `<bank>_run_<cycle>` collection (None: the bank is unreachable; the drop
+            stays pending and the next deletion or cycle retries it).
+    """
+
+    runs_dir: Path
+    judge_cache: Path | None = None
+    run_banks: RunBanks | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CopiesPurged:
+    """What a purge of copies did, and what is left (retried by the next deletion and by every cycle's clean-up)."""
+
+    run_folders: int = 0
+    run_collections: int = 0
+    cache_entries: int = 0
+    running: tuple[str, ...] = ()  # cycles still running: their clean-up removes their folder; their version is marked
+    failed: tuple[str, ...] = ()  # what could not be removed, and why
+
+    @property
+    def done(self) -> bool:
+        """Nothing failed (cycles still running are handled by their own clean-up)."""
+        return not self.failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +110,8 @@ class DeletionResult:
     bank_items_removed: int
     bank_pending: bool  # the bank part is still to do (no bank given, or it failed): `resume_deletions` retries it
     marked_versions: tuple[str, ...]  # policy versions trained on data now deleted
+    cycles: tuple[str, ...] = ()  # retraining cycles that held their data (recorded against the deletion)
+    copies: CopiesPurged | None = None  # run folders, run collections, judge cache removed (None: no Copies given)
 
 
 def subject_sha(user_id: str) -> str:
@@ -57,25 +120,58 @@ def subject_sha(user_id: str) -> str:
     return sha256_text("rubricem-user:" + check_user_id(user_id))
 
 
-def _affected_versions(conn: Connection, owner: str) -> list[str]:
-    learned = [str(r[0]) for r in conn.execute(
+def _learned(conn: Connection, owner: str) -> list[str]:
+    """When each of their learnable sessions finished (what a training window is matched against)."""
+    return [str(r[0]) for r in conn.execute(
         "SELECT finished_at FROM sessions WHERE owner = ? AND status = 'completed' AND training_opt_out = 0 "
         "AND finished_at IS NOT NULL", (owner,)).fetchall()]
-    versions = conn.execute("SELECT name, parent, data_window_json FROM policy_versions").fetchall()
-    # Conservative: a window that held any of their learnable sessions counts, whatever their consent was then.
-    hit: set[str] = set()
-    for name, _parent, window_json in versions:
-        window = json.loads(window_json or "{}")
-        end = window.get("end")
-        if end is None:
+
+
+def _in_window(learned: Sequence[str], start: str | None, end: str | None) -> bool:
+    return end is not None and any((start or "") < f <= end for f in learned)
+
+
+def _run_questions(runs_dir: Path, cycle_id: str) -> set[str]:
+    """The normalised questions of a cycle's run folder (none when it has no readable questions.jsonl)."""
+    found: set[str] = set()
+    try:
+        lines = (runs_dir / cycle_id / "questions.jsonl").read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError):
+        return found
+    for line in lines:
+        try:
+            q = json.loads(line).get("question")
+        except (ValueError, AttributeError):
             continue
-        start = window.get("start") or ""
-        if any(start < f <= end for f in learned):
+        if isinstance(q, str):
+            found.add(normalise_question(q))
+    return found
+
+
+def _affected_cycles(conn: Connection, learned: Sequence[str], questions: set[str], runs_dir: Path | None) -> list[str]:
+    """Cycles whose window held their learnable sessions, or whose run folder names one of their questions."""
+    hit = []
+    for cycle_id, start, end in conn.execute(
+            "SELECT cycle_id, window_start, window_end FROM retrain_cycles WHERE status != 'skipped'").fetchall():
+        if _in_window(learned, start, end) or (
+                runs_dir is not None and questions and questions & _run_questions(runs_dir, str(cycle_id))):
+            hit.append(str(cycle_id))
+    return sorted(hit)
+
+
+def _affected_versions(conn: Connection, learned: Sequence[str], cycles: Sequence[str]) -> list[str]:
+    versions = conn.execute("SELECT name, parent, data_window_json, training_run FROM policy_versions").fetchall()
+    # Conservative: a window that held any of their learnable sessions counts, whatever their consent was then; so
+    # does a version a cycle that held their data trained (one still running when the deletion commits included).
+    hit: set[str] = set()
+    for name, _parent, window_json, run in versions:
+        window = json.loads(window_json or "{}")
+        if _in_window(learned, window.get("start"), window.get("end")) or (run and str(run) in cycles):
             hit.add(str(name))
     grew = True
     while grew:  # a version trained from a marked one carries what its parent learned
         grew = False
-        for name, parent, _ in versions:
+        for name, parent, _, _ in versions:
             if parent in hit and name not in hit:
                 hit.add(str(name))
                 grew = True
@@ -91,7 +187,7 @@ def owned_sessions(log: SessionLog, user_id: str) -> list[str]:
 
 
 def delete_user_data(log: SessionLog, user_id: str, *, requested_by: str, bank: DerivedBank | None = None,
-                     keep_account: bool = False) -> DeletionResult:
+                     keep_account: bool = False, copies: Copies | None = None) -> DeletionResult:
     """Delete everything of `user_id` (see the module docstring); returns what was removed.
 
     Args:
@@ -100,6 +196,8 @@ def delete_user_data(log: SessionLog, user_id: str, *, requested_by: str, bank: 
         requested_by: Who asked (an admin's id, or the person themselves; recorded as "self" then).
         bank: The rubric bank; None leaves the bank part pending (a later `resume_deletions` does it).
         keep_account: Keep their `users` row (the UI's "delete my data" keeps the person logged in).
+        copies: Where run folders, run collections and the judge cache live on this host; None records the cycles
+            that held their data (and marks their versions) but removes no copy (a later deletion or cycle does).
 
     Raises:
         InvalidInput: not a usable user id.
@@ -117,9 +215,17 @@ def delete_user_data(log: SessionLog, user_id: str, *, requested_by: str, bank: 
         items = sorted({str(r[0]) for r in conn.execute(
             f"SELECT bank_item_id FROM reflection_candidates WHERE bank_item_id IS NOT NULL AND session_id IN ({_OWNED})",
             (owner,)).fetchall()})
-        marked = _affected_versions(conn, owner)
-        shas = {question_sha(normalise_question(text_out(r[0])))
-                for r in conn.execute("SELECT question FROM sessions WHERE owner = ?", (owner,)).fetchall()}
+        learned = _learned(conn, owner)
+        questions = {normalise_question(text_out(r[0]))
+                     for r in conn.execute("SELECT question FROM sessions WHERE owner = ?", (owner,)).fetchall()}
+        cycles = _affected_cycles(conn, learned, questions, copies.runs_dir if copies is not None else None)
+        marked = _affected_versions(conn, learned, cycles)
+        shas = {question_sha(q) for q in questions}
+        # Questions they only gave notes on (an admin's notes on someone else's session): their buffers stay, less
+        # the rubrics made from notes.
+        noted = {question_sha(normalise_question(text_out(r[0]))) for r in conn.execute(
+            "SELECT s.question FROM feedback f JOIN sessions s ON s.session_id = f.session_id WHERE f.owner = ?",
+            (owner,)).fetchall()} - shas
         counts: dict[str, int] = {}
         for table in _SESSION_TABLES:  # table names are ours, not input
             extra = " OR owner = ?" if table == "feedback" else ""
@@ -129,6 +235,7 @@ def delete_user_data(log: SessionLog, user_id: str, *, requested_by: str, bank: 
         counts["sessions"] = max(conn.execute("DELETE FROM sessions WHERE owner = ?", (owner,)).rowcount, 0)
         counts["rubric_buffers"] = sum(
             max(conn.execute("DELETE FROM rubric_buffers WHERE question_sha = ?", (sha,)).rowcount, 0) for sha in shas)
+        counts["rubric_buffers_rewritten"] = sum(_drop_feedback_rubrics(conn, sha, log.now()) for sha in sorted(noted))
         counts["users"] = 0 if keep_account else max(
             conn.execute("DELETE FROM users WHERE user_id = ?", (owner,)).rowcount, 0)
         pending = {"sessions": sessions, "items": items} if sessions or items else {}
@@ -139,11 +246,109 @@ def delete_user_data(log: SessionLog, user_id: str, *, requested_by: str, bank: 
              log.now(), None if pending else log.now()))
         conn.executemany("INSERT INTO version_data_deletions (version, deletion_id) VALUES (?, ?)",
                          [(v, deletion_id) for v in marked])
+        conn.executemany("INSERT INTO cycle_data_deletions (cycle_id, deletion_id) VALUES (?, ?)",
+                         [(c, deletion_id) for c in cycles])
     removed, still_pending = 0, bool(pending)
+    purged = purge_copies(log, copies, clear_cache=True) if copies is not None else None
     if bank is not None:
         done = resume_deletions(log, bank)
         removed, still_pending = done.get(deletion_id, 0), deletion_id not in done and bool(pending)
-    return DeletionResult(deletion_id, counts, removed, still_pending, tuple(marked))
+    return DeletionResult(deletion_id, counts, removed, still_pending, tuple(marked), tuple(cycles), purged)
+
+
+def _drop_feedback_rubrics(conn: Connection, sha: str, now: str) -> int:
+    """Take the rubrics made from feedback notes out of one saved buffer (learning.judge.buffer's payload, format 1:
+    persistent rubrics under "persistent"); returns 1 when the buffer changed. A payload of another shape is left."""
+    row = conn.execute("SELECT payload_json FROM rubric_buffers WHERE question_sha = ?", (sha,)).fetchone()
+    if row is None:
+        return 0
+    try:
+        payload: Any = json.loads(text_out(row[0]))
+        persistent = payload["persistent"]
+        kept = [r for r in persistent if not str(r.get("title", "")).startswith(FEEDBACK_RUBRIC_TITLE)]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return 0
+    if len(kept) == len(persistent):
+        return 0
+    payload["persistent"] = kept
+    conn.execute("UPDATE rubric_buffers SET payload_json = ?, version = version + 1, updated_at = ? "
+                 "WHERE question_sha = ?", (mapping_in(payload, "payload"), now, sha))
+    return 1
+
+
+def purge_copies(log: SessionLog, copies: Copies, *, clear_cache: bool = False) -> CopiesPurged:
+    """Remove the run folder and run collection of every finished cycle a deletion was recorded against (idempotent:
+    what is gone is skipped), and with `clear_cache` every entry of the judge's answer cache.
+
+    Never raises for a copy it cannot remove: the failure is returned (and the record stays, so the next deletion or
+    cycle clean-up tries again)."""
+    with log.transaction(write=False) as conn:
+        rows = conn.execute("SELECT DISTINCT d.cycle_id, c.status FROM cycle_data_deletions d JOIN retrain_cycles c "
+                            "ON c.cycle_id = d.cycle_id ORDER BY d.cycle_id").fetchall()
+    folders = collections = entries = 0
+    running: list[str] = []
+    failed: list[str] = []
+    for cycle_id, status in rows:
+        cycle_id = str(cycle_id)
+        if status == "running":
+            running.append(cycle_id)
+            continue
+        try:
+            folders += int(remove_run_folder(copies.runs_dir, cycle_id))
+        except OSError as exc:
+            failed.append(f"run folder {copies.runs_dir / cycle_id}: {exc}")
+        if copies.run_banks is None:
+            failed.append(f"run collection of {cycle_id}: the rubric bank is unavailable")
+            continue
+        try:
+            collections += int(copies.run_banks.drop_run_collection(cycle_id))
+        except Exception as exc:  # noqa: BLE001 - a Chroma failure is reported and retried, never half-raised
+            failed.append(f"run collection of {cycle_id}: {type(exc).__name__}: {exc}")
+    if clear_cache and copies.judge_cache is not None:
+        entries, cache_failed = clear_judge_cache(copies.judge_cache)
+        failed.extend(cache_failed)
+    return CopiesPurged(folders, collections, entries, tuple(running), tuple(failed))
+
+
+def remove_run_folder(runs_dir: Path, cycle_id: str) -> bool:
+    """Remove DATA_DIR/runs/<cycle> whole; False when it was not there. What another process removed meanwhile is
+    not an error.
+
+    Raises:
+        OSError: the folder could not be removed.
+    """
+    folder = runs_dir / cycle_id
+    if not cycle_id or folder.parent != runs_dir or cycle_id == "adapters" or not folder.is_dir():
+        return False
+
+    def gone_already(_fn: Any, _path: str, exc_info: Any) -> None:
+        if not isinstance(exc_info[1], FileNotFoundError):
+            raise exc_info[1]
+
+    shutil.rmtree(folder, onerror=gone_already)
+    return True
+
+
+def clear_judge_cache(root: Path) -> tuple[int, list[str]]:
+    """Remove every judge-cache entry under `root` (`learning.judge.cache.JudgeCache`'s layout: `<key[:2]>/<key>.json`
+    and its temporary files); anything else in the folder is left. Returns (entries removed, failures)."""
+    removed, failed = 0, []
+    if not root.is_dir():
+        return 0, []
+    for sub in root.iterdir():
+        if not (sub.is_dir() and _CACHE_DIR.match(sub.name)):
+            continue
+        for entry in sub.iterdir():
+            if not _CACHE_ENTRY.match(entry.name):
+                continue
+            try:
+                entry.unlink()
+                removed += 1
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                failed.append(f"judge cache entry {entry}: {exc}")
+    return removed, failed
 
 
 def resume_deletions(log: SessionLog, bank: DerivedBank) -> dict[str, int]:

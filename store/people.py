@@ -7,12 +7,13 @@ like a missing one (`SessionNotFound`, "no session with id ..."), so ids cannot 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from store.errors import SessionNotFound
-from store.records import SessionRecord
+from store.records import SessionRecord, normalise_question
 from store.session_log import FeedbackRecord, JudgementRecord, SessionLog, SessionSummary
+from store.session_log.codec import text_out
 from store.threads import ChatThreads
 
 
@@ -95,3 +96,42 @@ class ScopedStore:
         with self.log.transaction(write=True) as conn:
             conn.execute("UPDATE sessions SET training_opt_out = ? WHERE session_id = ? AND source NOT IN "
                          "('eval', 'probe')", (int(not learn), session_id))
+
+
+class SessionOwners:
+    """Who owns which session, read from the session log: the app's rubric bank counts an item for the same question
+    only when its session is the asker's own (`store.rubric_bank.RubricBank`, issue 34)."""
+
+    _CHUNK = 500  # ids per query: well under SQLite's and PostgreSQL's parameter limits
+
+    def __init__(self, log: SessionLog) -> None:
+        self.log = log
+
+    def owners_of(self, session_ids: Sequence[str]) -> dict[str, str]:
+        """{session id: owner} for the ids that exist (a deleted or unknown session is left out)."""
+        ids = sorted(set(session_ids))
+        found: dict[str, str] = {}
+        with self.log.transaction(write=False) as conn:
+            for start in range(0, len(ids), self._CHUNK):
+                chunk = ids[start:start + self._CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                rows = conn.execute(f"SELECT session_id, owner FROM sessions WHERE session_id IN ({marks})",
+                                    tuple(chunk)).fetchall()
+                found.update({str(r[0]): str(r[1]) for r in rows})
+        return found
+
+
+def own_feedback(log: SessionLog, question: str, owner: str) -> list[FeedbackRecord]:
+    """The notes `owner` gave on their own learnable sessions whose question is the same after normalisation, oldest
+    first: what the judge may turn into rubrics for `owner`'s sessions of that question, and for nobody else's
+    (issue 34: one person's notes never score another person's answers; `learning.judge.pipeline`)."""
+    key = normalise_question(question)
+    learnable, consent = log.learnable_sql("s")
+    with log.transaction(write=False) as conn:
+        rows = conn.execute(
+            "SELECT f.feedback_id, f.session_id, s.question, f.rating, f.note, f.created_at FROM feedback f "
+            f"JOIN sessions s ON s.session_id = f.session_id WHERE {learnable} AND s.owner = ? AND f.owner = ? "
+            "ORDER BY f.feedback_id", (*consent, owner, owner)).fetchall()
+    return [FeedbackRecord(feedback_id=int(r[0]), session_id=str(r[1]), question=text_out(r[2]), rating=r[3],
+                           note=text_out(r[4]), created_at=str(r[5]))
+            for r in rows if normalise_question(text_out(r[2])) == key]

@@ -127,6 +127,12 @@ class Registry:
             conn.execute(f"INSERT INTO policy_versions ({_VERSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, NULL, "
                          "'candidate', NULL, ?)", (name, number, str(path.resolve()), parent, training_run,
                                                    json.dumps(dict(data_window or {})), self.log.now()))
+            # In the same transaction as the version (issue 34): a deletion recorded against its cycle while it
+            # trained, and every deletion its parent carries, mark it too (what the parent learned, it starts from).
+            conn.execute("INSERT INTO version_data_deletions (version, deletion_id) SELECT CAST(? AS TEXT), "
+                         "deletion_id FROM cycle_data_deletions WHERE cycle_id = ? UNION SELECT CAST(? AS TEXT), "
+                         "deletion_id FROM version_data_deletions WHERE version = ?",
+                         (name, training_run, name, parent))
         return self.get(name)
 
     def get(self, name: str) -> PolicyVersion:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from chromadb.api import ClientAPI
@@ -53,6 +53,7 @@ from store.chroma import chroma_errors, open_chroma_client, open_collection, rea
 from store.config import BankConfig, StoreConfig
 from store.embeddings import embed_query, embed_texts
 from store.errors import InvalidInput, StoreError
+from store.owner import current_actor
 from store.records import BankHit, BankItem, Retrieval, question_sha
 
 __all__ = [
@@ -201,6 +202,14 @@ def _vector(embedding: Sequence[float] | np.ndarray) -> list[float]:
     return (v / norm).tolist()  # normalised: cosine similarity = 1 - Chroma's cosine distance
 
 
+class SessionOwners(Protocol):
+    """Who owns which session (`store.people.SessionOwners` answers from the session log)."""
+
+    def owners_of(self, session_ids: Sequence[str]) -> Mapping[str, str]:
+        """{session id: owner} for the ids that exist; unknown ids are left out."""
+        ...
+
+
 class RubricBank:
     """The Chroma-backed rubric bank (embedded PersistentClient or a Chroma server, per settings)."""
 
@@ -209,6 +218,7 @@ class RubricBank:
         config: StoreConfig,
         client: ClientAPI | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        owners: SessionOwners | None = None,
     ) -> None:
         """Open (or create) the bank collection.
 
@@ -216,6 +226,9 @@ class RubricBank:
             config: store settings; `config.bank` holds the collection, embedding model and retrieval knobs.
             client: an existing Chroma client to share with the document index (one client per path).
             clock: the current time (eviction ages items by it).
+            owners: who owns the sessions items were reflected from. Given (the app's shared bank), a same-question
+                hit is only ever the asker's own (issue 34): see `retrieve`. None: a bank of one actor, such as a
+                training run's own bank, where every item is the run's.
 
         Raises:
             BankError: Chroma cannot be opened, or the collection was built with another embedding model.
@@ -225,6 +238,7 @@ class RubricBank:
         self._lock = threading.RLock()
         self._retained: dict[str, tuple[float, float, str]] | None = None  # eviction's ranking data (see _evict)
         self._batch: int | None = None
+        self._owners = owners
         self._client = client if client is not None else open_chroma_client(config, BankError)
         self._collection = self._open_collection()
         self._index = self._open_index()
@@ -450,6 +464,13 @@ class RubricBank:
         auto: within-episode if this exact question has an item, else cross-episode. within / cross: only that mode
         (the training curriculum asks for one explicitly). Cross-episode never returns the question's own item.
 
+        With `owners` (the app's shared bank), an item counts for the same question only when it was reflected from
+        one of the asker's own sessions (`store.owner.current_actor`): anyone else's item of that question, or an
+        item whose session is unknown (deleted, imported, a training rollout's), is neither a within-episode hit nor a
+        cross-episode one, and neither is another person's near-identical question (similarity at or above
+        `dedup_similarity`, the bank's own "same question in other words"). So nobody can test whether someone else
+        asked a question.
+
         Args:
             question: the user's question (only the question is embedded).
             mode: "auto", "within" or "cross".
@@ -461,16 +482,26 @@ class RubricBank:
             raise InvalidInput(f"retrieval mode must be auto, within or cross, got {mode!r}")
         sha = question_sha(question)
         if mode in ("auto", "within"):
-            own = self._by_sha([sha]).get(sha)
+            own = self._askers_own(self._by_sha([sha]).get(sha) or [])
             if own:
                 return Retrieval("within", (BankHit(own[0], 1.0),))
             if mode == "within":
                 return Retrieval("none")
         threshold = self.config.min_similarity if min_similarity is None else min_similarity
-        hits = [BankHit(withhold_question(h.item), h.similarity)
-                for h in self.search(question, self.config.top_k if k is None else k, exclude_sha=sha,
-                                     embedding=embedding) if h.similarity >= threshold]
+        found = [h for h in self.search(question, self.config.top_k if k is None else k, exclude_sha=sha,
+                                        embedding=embedding) if h.similarity >= threshold]
+        near = {i.id for i in self._askers_own([h.item for h in found if h.similarity >= self.config.dedup_similarity])}
+        hits = [BankHit(withhold_question(h.item), h.similarity) for h in found
+                if h.similarity < self.config.dedup_similarity or h.item.id in near]
         return Retrieval("cross", tuple(hits)) if hits else Retrieval("none")
+
+    def _askers_own(self, items: Sequence[BankItem]) -> list[BankItem]:
+        """The items reflected from the asker's own sessions (all of them for a bank without `owners`)."""
+        if self._owners is None or not items:
+            return list(items)
+        asker = current_actor().owner
+        owners = self._owners.owners_of(sorted({i.session_id for i in items}))
+        return [i for i in items if owners.get(i.session_id) == asker]
 
     # ---- writing -------------------------------------------------------------------------------------------
 
@@ -615,6 +646,30 @@ class RubricBank:
             self._index_update(remove=[(sha, i) for i, sha in pairs])
             self._retained_update(remove=[i for i, _ in pairs])
         return len(pairs)
+
+    def run_collection(self, cycle_id: str) -> str:
+        """The collection a retraining cycle's own reflections go to (`app.training`: `<bank>_run_<cycle>`)."""
+        return f"{self.config.collection}_run_{cycle_id}"
+
+    def drop_run_collection(self, cycle_id: str) -> bool:
+        """Drop a finished cycle's own bank collection and its question index (a deletion's copies, issue 34; the
+        run folder's retention). Idempotent: returns False when there was none. Never this bank's own collection.
+
+        Raises:
+            BankError: Chroma failed.
+        """
+        name = self.run_collection(cycle_id)
+        if not cycle_id or name == self.config.collection:
+            raise InvalidInput(f"not a cycle id: {cycle_id!r}")
+        dropped = False
+        with chroma_errors(f"drop the run collection {name!r}", BankError):
+            for each in (name, name + INDEX_SUFFIX):
+                try:
+                    self._client.delete_collection(each)
+                except NotFoundError:
+                    continue
+                dropped = dropped or each == name
+        return dropped
 
     def dedupe(self) -> list[str]:
         """Remove near-identical items (question cosine >= dedup_similarity), keeping the newest of each group.

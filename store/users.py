@@ -1,5 +1,6 @@
 """People who use the app (migration 0008): named accounts for password logins, OIDC and local identities, their
-role and their consent to learn from their sessions.
+role and their consent to learn from their sessions. Kind "local" is an identity the deployment itself defines:
+`local` (the operator: the CLI, the open loopback UI) and the UI's shared-password ids `shared:user`/`shared:admin`.
 
 Passwords are hashed with bcrypt and never stored, logged or put in an error message; a `UserRecord` carries no hash.
 """
@@ -21,7 +22,9 @@ UserRole = Literal["user", "admin"]
 MAX_USER_ID = 254  # an e-mail address at most
 _BCRYPT_MAX_BYTES = 72  # bcrypt 5 refuses longer passwords instead of truncating them silently
 _MIN_PASSWORD = 8
-_ACCOUNT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$")
+# No '@': an address belongs to an OIDC login, and an account named like one could be taken for it. No ':': the
+# `shared:` and `oidc:` ids of the UI's other logins live there, so no account can ever be one of them.
+_ACCOUNT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
 class UserError(StoreError):
@@ -103,8 +106,11 @@ class Users:
         uid = check_user_id(user_id)
         if kind not in ("password", "oidc", "local") or role not in ("user", "admin"):
             raise InvalidInput("kind must be password, oidc or local; role user or admin")
-        if kind == "password" and (password is None or not _ACCOUNT_NAME.match(uid)):
-            raise InvalidInput("a password account needs a password and a name of letters, digits and ._@+-")
+        if kind == "password" and (password is None or not _ACCOUNT_NAME.match(uid) or uid == LOCAL):
+            raise InvalidInput(
+                "a password account needs a password and a name of letters, digits and ._+- other than 'local' (no "
+                "'@': e-mail addresses are OIDC logins, so a password account can never stand in for one; pick a "
+                "plain name such as 'alice')")
         if kind != "password" and password is not None:
             raise InvalidInput(f"a {kind} identity has no password")
         hashed = hash_password(password) if password is not None else None
@@ -117,15 +123,30 @@ class Users:
         return self.get(uid)
 
     def ensure(self, user_id: str, *, kind: UserKind, role: UserRole) -> UserRecord:
-        """The person with this id, created on first sight (OIDC logins, the local user); the role follows the
-        deployment's settings on every login (an e-mail removed from the admin list stops being admin)."""
+        """The person with this id, created on first sight (OIDC logins, the shared-password and local identities);
+        the role follows the deployment's settings on every login (an e-mail removed from the admin list stops
+        being admin).
+
+        Never lands on a password account: only the account's own password logs in as it, whatever id another
+        login arrives with (an OIDC subject, a shared-password id).
+
+        Raises:
+            InvalidInput: kind "password" (accounts are made by `add`, with their password).
+            UserError: the id is a password account (nothing changed).
+        """
         uid = check_user_id(user_id)
+        if kind not in ("oidc", "local") or role not in ("user", "admin"):
+            raise InvalidInput("ensure makes oidc or local identities with role user or admin; password accounts "
+                               "come from `rubricem users add`")
         with self.log.transaction(write=True) as conn:
             row = conn.execute("SELECT kind FROM users WHERE user_id = ?", (uid,)).fetchone()
             if row is None:
                 conn.execute("INSERT INTO users (user_id, kind, role, password_hash, consent, created_at) "
                              "VALUES (?, ?, ?, NULL, NULL, ?)", (uid, kind, role, self.log.now()))
-            elif row[0] != "password":
+            elif row[0] == "password":
+                raise UserError(f"the id {uid!r} is a password account, so a {kind} login cannot use it; ask an "
+                                "administrator to rename or remove that account")
+            else:
                 conn.execute("UPDATE users SET role = ? WHERE user_id = ?", (role, uid))
         return self.get(uid)
 
@@ -149,7 +170,8 @@ class Users:
     def list(self) -> list[UserRecord]:
         """Everyone, by id."""
         with self.log.transaction(write=False) as conn:
-            rows = conn.execute("SELECT user_id, kind, role, consent, created_at FROM users ORDER BY user_id").fetchall()
+            rows = conn.execute("SELECT user_id, kind, role, consent, created_at FROM users "
+                                "ORDER BY user_id").fetchall()
         return [UserRecord(r[0], r[1], r[2], None if r[3] is None else bool(r[3]), r[4]) for r in rows]
 
     def remove(self, user_id: str) -> None:

@@ -17,6 +17,7 @@ from agent.parse import ParsedCall
 from agent.sequence import SequenceWriter
 from agent.state import ResearchState
 from agent.tools.names import resolve_tool_name
+from agent.tools.scope import UrlScoped, browse_refusal, seen_urls
 from store.records import Snippet, ToolCallRecord
 
 MAX_QUERY_CHARS = 2000
@@ -36,18 +37,25 @@ def render_output(snippets: tuple[Snippet, ...] | list[Snippet], error: str | No
     return "\n<tool_output>\n" + "\n".join(parts) + "\n</tool_output>\n"
 
 
-async def _execute(call: ParsedCall, deps: AgentDeps) -> tuple[str, tuple[Snippet, ...], str | None]:
+async def _execute(
+    call: ParsedCall, deps: AgentDeps, state: ResearchState
+) -> tuple[str, tuple[Snippet, ...], str | None]:
     name = resolve_tool_name(call.name, deps.tools)
-    if name is None:
+    if name is None:  # the parser let through only tool-name characters, so the name is safe to echo
         offered = ", ".join(sorted(deps.tools)) or "none"
-        return call.name, (), f"unknown tool {call.name!r}; available tools: {offered}"
+        return call.name, (), f"unknown tool {call.name!r} (not offered here); available tools: {offered}"
     if not call.query:
         return name, (), "empty query; put the query between <call_tool ...> and </call_tool>"
     if len(call.query) > MAX_QUERY_CHARS:
         return name, (), f"query too long ({len(call.query)} characters, at most {MAX_QUERY_CHARS})"
+    tool = deps.tools[name]
+    if isinstance(tool, UrlScoped) and tool.url_scope == "seen":
+        refusal = browse_refusal(call.query, seen_urls(state.get("question", ""), state.get("tool_calls", [])))
+        if refusal is not None:
+            return name, (), refusal
     timeout = max(1.0, min(deps.remaining(), 120.0))
     try:
-        found = await asyncio.wait_for(deps.tools[name](call.query, call.attrs, deps.call_ids()), timeout=timeout)
+        found = await asyncio.wait_for(tool(call.query, call.attrs, deps.call_ids()), timeout=timeout)
     except ToolError as exc:
         return name, (), str(exc) or type(exc).__name__
     except TimeoutError:
@@ -85,7 +93,7 @@ async def tools(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[Li
         record = ToolCallRecord(tool="", query="", error=state.get("pending_call_error") or "no tool call found")
     else:
         deps.recorder.event("search", {"tool": call.name, "query": call.query})
-        name, snippets, error = await _execute(call, deps)
+        name, snippets, error = await _execute(call, deps, state)
         record = ToolCallRecord(
             tool=name, query=call.query, attrs=dict(call.attrs), snippets=snippets, error=error,
             seconds=round(deps.clock() - started, 3),

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from agent.errors import SearchError
 from agent.tools.ids import snippet_id
+from agent.tools.scope import BrowseScope
 from agent.tools.web import FetchedPage, WebPageFetcher, clip
 from store.records import Snippet
 
@@ -20,10 +21,16 @@ class BrowseWebpage:
     name = "browse_webpage"
     description = "Read a web page; argument: its URL (http or https). Returns the page's main text."
 
-    def __init__(self, fetcher: WebPageFetcher, max_chars: int = DEFAULT_PAGE_CHARS) -> None:
-        """Use `fetcher` (which owns the SSRF guard and its caps); keep at most `max_chars` of text."""
+    def __init__(self, fetcher: WebPageFetcher, max_chars: int = DEFAULT_PAGE_CHARS,
+                 url_scope: BrowseScope = "seen") -> None:
+        """Use `fetcher` (which owns the SSRF guard and its caps); keep at most `max_chars` of text.
+
+        `url_scope` ("seen": only URLs the run has already seen; "any") is enforced by the tools node, which knows
+        the run (agent/tools/scope.py); a direct call fetches whatever it is given.
+        """
         self.fetcher = fetcher
         self.max_chars = max_chars
+        self.url_scope: BrowseScope = url_scope
 
     async def __call__(self, query: str, attrs: Mapping[str, str], call_id: str) -> Sequence[Snippet]:
         """Fetch the URL in `query`. Raises UnsafeURLError for refused URLs, SearchError for fetch failures."""

@@ -9,6 +9,12 @@ Each call opens its own MCP session (connect, initialize, call, close) under the
 crashes or hangs then costs that call only, and no connection outlives the event loop that opened it (the CLI, the
 UI and the batch runner each run their own loops). The price is a process start per call for stdio servers.
 
+Only read-only tools are offered: a tool is listed to the model when its server annotates it `readOnlyHint: true`,
+or when the server's `allow_side_effects` names it (and its `tools` allow-list, if any, keeps it). The model's
+context holds text from the web, uploaded documents and other people's reflections, any of which can steer its calls,
+so a tool that writes, sends or deletes is an explicit choice of whoever configures the server. A call to a tool that
+is not allowed is refused before any server is contacted.
+
 Everything a server sends is untrusted: descriptions are flattened and stripped of angle brackets before they reach
 the system prompt; results are cut to the snippet budget, and binary, malformed or error results become an
 `McpToolError` the model reads as text. Header, token and environment values are redacted from every message.
@@ -56,6 +62,12 @@ class McpToolSpec:
     name: str
     description: str
     input_schema: Mapping[str, Any]
+    read_only: bool = False  # the server annotated it readOnlyHint=true
+
+
+def offerable(spec: McpToolSpec, cfg: McpServerConfig) -> bool:
+    """Whether the tool may be offered and called: read-only, or its side effects allowed by the configuration."""
+    return spec.read_only or spec.remote_name in cfg.allow_side_effects
 
 
 # ---- talking to a server -------------------------------------------------------------------------------------------
@@ -153,7 +165,9 @@ async def list_server_tools(cfg: McpServerConfig) -> list[McpToolSpec]:
         if allowed is not None and tool.name not in allowed:
             continue
         schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
-        specs.append(McpToolSpec(cfg.name, tool.name, cfg.prefix + tool.name, tool.description or "", schema))
+        read_only = bool(tool.annotations is not None and tool.annotations.read_only_hint is True)
+        specs.append(McpToolSpec(cfg.name, tool.name, cfg.prefix + tool.name, tool.description or "", schema,
+                                 read_only))
     return specs
 
 
@@ -369,6 +383,9 @@ class McpTool:
         """Run the call. Raises McpToolError for bad arguments, a failing or slow server, or unreadable results."""
         import anyio
 
+        if not offerable(self.spec, self.server):
+            raise McpToolError(f"{self.name}: refused: the tool may change things (it is not annotated read-only) "
+                               f"and the MCP server {self.server.name!r} does not list it in allow_side_effects")
         arguments = build_arguments(self.name, query, attrs, self.spec.input_schema)
         server, limit = self.server.name, self.server.timeout_s
         try:
@@ -416,8 +433,9 @@ async def discover(
 ) -> dict[str, McpTool]:
     """The tools of every configured server, keyed by the name the model calls them by.
 
-    A server that cannot be listed is left out with a warning (the start goes on); a tool name that collides with
-    `taken` (the built-in names) or another server's tool is refused.
+    A server that cannot be listed is left out with a warning (the start goes on), and so is a tool that is neither
+    annotated read-only nor named in its server's `allow_side_effects`; a tool name that collides with `taken` (the
+    built-in names) or another server's tool is refused.
 
     Raises:
         ToolConfigError: a name collision.
@@ -441,6 +459,10 @@ async def discover(
         for missing in sorted(set(cfg.tools or ()) - offered):
             warn(f"MCP server {cfg.name!r} has no tool named {missing!r} (listed in its allow-list)")
         for spec in specs:
+            if not offerable(spec, cfg):
+                warn(f"MCP server {cfg.name!r}: tool {prompt_text(spec.remote_name, 80)!r} is not offered: it is not "
+                     "annotated read-only (readOnlyHint); list it in the server's allow_side_effects to offer it")
+                continue
             if not MCP_TOOL_NAME.match(spec.name):
                 warn(f"MCP server {cfg.name!r}: tool {prompt_text(spec.remote_name, 80)!r} is left out: its name "
                      "cannot be written in a call (letters, digits, _ . - only, at most 64 characters)")

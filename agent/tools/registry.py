@@ -22,8 +22,8 @@ def build_tools(
     """Fresh tool instances for one agent, keyed by canonical name.
 
     local_search needs an index; google_search a Serper key; snippet_search `s2_enabled`; web_search a SearXNG
-    URL; browse_webpage `browse_enabled`. `browse_allow_hosts` exempts hosts from the SSRF address check and is
-    meant for tests against 127.0.0.1 only.
+    URL; browse_webpage `browse_enabled` (opening URLs within `browse_scope`). `browse_allow_hosts` exempts hosts
+    from the SSRF address check and is meant for tests against 127.0.0.1 only.
     """
     n, chars, timeout = cfg.search_results, cfg.snippet_chars, cfg.tool_timeout_s
     tools: dict[str, SearchTool] = {}
@@ -47,5 +47,5 @@ def build_tools(
             max_redirects=cfg.browse_max_redirects,
             allow_hosts=browse_allow_hosts,
         )
-        tools["browse_webpage"] = BrowseWebpage(fetcher)
+        tools["browse_webpage"] = BrowseWebpage(fetcher, url_scope=cfg.browse_scope)
     return tools

@@ -22,8 +22,8 @@ from agent.clarify import ClarificationAnswer, ClarificationError
 from app.durable import end_if_expired
 from app.service import ResearchPaused, RunFailedError
 from app.ui import state
-from app.ui.runner import LiveRun
-from app.ui.view import RunView, md_literal
+from app.ui.runner import LiveRun, RunLimits, RunRefused
+from app.ui.view import RunView, error_reference, md_literal
 from store.records import SessionRecord
 from store.session_log.checkpoints import SessionRuns
 
@@ -54,7 +54,7 @@ def draw_pending(record: SessionRecord, draw_run: Callable[[RunView, bool], None
     if run is None or run.state != "awaiting_approval":
         return
     if (reason := end_if_expired(svc.log, svc.research.durable, run)) is not None:
-        st.warning(f"This session ended: {reason}.")
+        st.warning(f"This session ended: {md_literal(reason)}.")
         return
     if run.pause_kind == "clarification":
         _draw_question(record, str((run.pause or {}).get("question", "")), run.expires_at, draw_run)
@@ -85,7 +85,7 @@ def draw_pending(record: SessionRecord, draw_run: Callable[[RunView, bool], None
     try:
         decision = PlanDecision.parse(answer | {"owner": _owner()})
     except ApprovalError as exc:
-        st.error(f"Not applied: {exc}. The plan still waits.")
+        st.error(f"Not applied: {md_literal(str(exc))}. The plan still waits.")
         return
     _resume(record, decision, draw_run)
 
@@ -104,7 +104,7 @@ def _draw_question(record: SessionRecord, question: str, expires_at: str | None,
     try:
         answer = ClarificationAnswer.parse({"answer": text, "owner": _owner()})
     except ClarificationError as exc:
-        st.error(f"Not applied: {exc}. The question still waits.")
+        st.error(f"Not applied: {md_literal(str(exc))}. The question still waits.")
         return
     _resume(record, answer, draw_run)
 
@@ -112,7 +112,10 @@ def _draw_question(record: SessionRecord, question: str, expires_at: str | None,
 def _resume(record: SessionRecord, decision: PlanDecision | ClarificationAnswer,
             draw_run: Callable[[RunView, bool], None]) -> None:
     view = RunView.from_record(record)
-    run = LiveRun(state.services().research, record.question, None, resume=(record.session_id, decision))  # type: ignore[arg-type]
+    viewer = state.viewer()  # an answer starts a run: it counts against the caps (issue 34)
+    run = LiveRun(state.services().research, record.question, None,  # type: ignore[arg-type]
+                  resume=(record.session_id, decision), limits=RunLimits.from_config(state.settings().sessions),
+                  admin=viewer.admin, person=viewer.user_id)
     box, timer, started = st.empty(), st.empty(), time.monotonic()
     for event in run.events():
         timer.caption(f"⏱ {time.monotonic() - started:.0f} s")
@@ -122,8 +125,11 @@ def _resume(record: SessionRecord, decision: PlanDecision | ClarificationAnswer,
                 draw_run(view, True)
     ended = run.ended
     assert ended is not None
+    if isinstance(ended.error, RunRefused):  # over a cap: nothing started, the message says what to do
+        st.error(md_literal(str(ended.error)))
+        return
     if ended.error is not None and not isinstance(ended.error, RunFailedError):
-        st.error(f"Could not resume: {type(ended.error).__name__}: {ended.error}")
+        st.error(error_reference("Could not resume the session", ended.error))
         return
     if isinstance(ended.outcome, ResearchPaused):  # after a clarification, the plan may wait for approval next
         st.info("The question still waits." if ended.outcome.question is not None else "The plan waits.")

@@ -9,24 +9,26 @@ from dataclasses import dataclass, field
 import streamlit as st
 
 from agent.config import RunOptions
-from agent.errors import AgentError, IngestError
+from agent.errors import IngestError, InputError
 from agent.followup import follow_up_question, typed_question
 from app import events as ev
 from app.export import doc_from_session, to_html, to_markdown, to_pdf
 from app.service import RunFailedError
 from app.ui import approval, state
-from app.ui.runner import LiveRun
+from app.ui.runner import LiveRun, RunLimits
 from app.ui.view import (
     RunView,
     bank_explanation,
     cited_html,
+    error_reference,
+    failure_text,
     md_literal,
     references_html,
 )
-from app.uploads import ingest_uploads
+from app.uploads import ingest_uploads, upload_limits
 from store.errors import SessionNotFound, StoreError
 from store.owner import acting_as
-from store.records import HISTORY_SOURCES
+from store.records import HISTORY_SOURCES, SessionRecord
 from store.threads import ChatThreads
 
 _STATUS_STATE = {"running": "running", "complete": "complete"}
@@ -77,9 +79,10 @@ def _sidebar_history() -> None:
         if key in seen:
             continue
         seen.add(key)
-        label = typed_question(s.question)
-        icon = {"completed": "📄", "failed": "⚠️", "running": "🔄"}.get(s.status, "•")
-        if st.sidebar.button(f"{icon} {label[:60]}", key=f"hist_{key}", help=f"{s.created_at[:16]} · {s.status}"):
+        label = md_literal(typed_question(s.question)[:60])  # button labels are Markdown; an admin sees everyone's
+        icons = {"completed": "📄", "failed": "⚠️", "running": "🔄", "interrupted": "⏸️"}
+        icon = icons.get(s.shown_status, "•")
+        if st.sidebar.button(f"{icon} {label}", key=f"hist_{key}", help=f"{s.created_at[:16]} · {s.shown_status}"):
             st.session_state.chat = Chat(thread, scoped.thread_sessions(thread) if thread else [s.session_id])
             st.rerun()
         shown += 1
@@ -98,12 +101,16 @@ def _sidebar_settings() -> tuple[RunOptions, list[str]]:
         backends = st.multiselect("Search backends", sorted(svc.tools), default=sorted(svc.tools), key="backends")
         # Widget ranges widen to take whatever the settings allow: a default outside a fixed range would make
         # Streamlit refuse to draw the page for everyone.
-        calls = defaults.max_tool_calls
-        max_calls = st.slider("Max tool calls", 0, max(20, calls), calls, key="max_calls")
+        # Non-admins get the run-option limits (issue 34; the runner enforces them too, whatever the widgets say).
+        limits, admin = _limits(), state.viewer().admin
+        top_calls = limits.tool_calls(admin)
+        calls = min(defaults.max_tool_calls, top_calls)
+        max_calls = st.slider("Max tool calls", 0, top_calls, calls, key="max_calls")
         cap = defaults.token_caps.answer
         answer_tokens = st.slider("Answer tokens", min(16, cap), max(4096, cap), cap, step=8, key="answer_tok")
-        limit = int(defaults.wall_clock_s)
-        wall = st.number_input("Time limit (s)", min(10, limit), max(3600, limit), limit, step=10, key="wall")
+        top_wall = int(limits.wall_clock_s(admin))
+        limit = min(int(defaults.wall_clock_s), top_wall)
+        wall = st.number_input("Time limit (s)", min(10, limit), top_wall, limit, step=10, key="wall")
         fmt = st.selectbox("Format", ["long_form", "short_form", "exact_answer"],
                            index=["long_form", "short_form", "exact_answer"].index(defaults.format)
                            if defaults.format in ("long_form", "short_form", "exact_answer") else 0, key="fmt")
@@ -117,6 +124,11 @@ def _sidebar_settings() -> tuple[RunOptions, list[str]]:
     return RunOptions.model_validate(options.model_dump()), backends
 
 
+def _limits() -> RunLimits:
+    """The caps on chat runs, from the deployment's `sessions` settings."""
+    return RunLimits.from_config(state.settings().sessions)
+
+
 def _sidebar_upload() -> None:
     """Admins add documents (txt, md, html, pdf, jsonl) to the local index, as `rubricem ingest` does."""
     with st.sidebar.expander("📄 Add documents to the corpus", expanded=False):
@@ -126,13 +138,17 @@ def _sidebar_upload() -> None:
             svc = state.services()
             try:
                 with st.spinner("Indexing…"):
-                    result = ingest_uploads([(f.name, f.getvalue()) for f in files],
-                                            svc.settings.store.data_dir / "uploads", svc.index)
+                    # Each file is copied to disk in pieces under the upload caps, never copied whole in memory.
+                    result = ingest_uploads([(f.name, f) for f in files], svc.settings.store.data_dir / "uploads",
+                                            svc.index, limits=upload_limits(svc.settings.uploads))
                 st.success(f"Indexed {result.chunks:,} chunks from {len(result.files)} file(s).")
             except IngestError as exc:  # one bad file refuses the whole upload before the index is touched
-                st.error(str(exc))
+                # Written for the uploader (what to change), but it quotes file names and may quote a path under the
+                # server's data folder: literal, and the folder shown as `uploads`.
+                folder = str(svc.settings.store.data_dir / "uploads")
+                st.error(md_literal(str(exc).replace(folder, "uploads")))
             except StoreError as exc:
-                st.error(f"The index failed: {exc}")
+                st.error(error_reference("The index failed; nothing was added", exc))
             finally:
                 _corpus_size_cached.clear()
 
@@ -173,8 +189,8 @@ def draw_run(view: RunView, live: bool) -> None:
                 st.markdown("**Rubric checklist**\n" + "\n".join(f"- [ ] {md_literal(item)}" for item in view.checklist))
             for search in stage.searches:
                 st.markdown(f"🔎 **{md_literal(search.tool)}**: {md_literal(search.query)}")
-                if search.error:
-                    st.warning(search.error)
+                if search.error:  # tool-written (a server, a page) or naming a model-written tool: literal
+                    st.warning(md_literal(search.error))
                 for s in search.sources[:8]:
                     where = s.url or s.id
                     st.caption(f"{md_literal(s.id)} {md_literal(s.title)} — {md_literal(where)}")
@@ -183,10 +199,10 @@ def draw_run(view: RunView, live: bool) -> None:
     pending = [v.title for v in view.stages.values() if v.state == "waiting"]
     if pending:
         st.caption(("Next: " if view.status == "running" else "Not reached: ") + ", ".join(pending))
-    for note in view.notes:
-        st.info(note)
+    for note in view.notes:  # notes quote errors (the bank's, the attribution's): literal
+        st.info(md_literal(note))
     if view.status == "failed":
-        st.error(f"The run failed: {view.error}")
+        st.error(failure_text(view))
     if view.report is not None:
         st.markdown(_CSS, unsafe_allow_html=True)
         st.markdown("**Answer**")
@@ -216,15 +232,17 @@ def _draw_feedback(session_id: str) -> None:
                     log.add_feedback(session_id, value, note)
                     st.success("Thanks — your feedback is stored with the session; the judge turns notes into "
                                "extra rubrics for this question.")
-                except (StoreError, ValueError) as exc:
-                    st.error(f"Could not store the feedback: {exc}")
+                except StoreError as exc:
+                    st.error(error_reference("Could not store the feedback", exc))
+                except ValueError as exc:  # the note refused as written: the message says what to change
+                    st.error(f"Could not store the feedback: {md_literal(str(exc))}")
 
 
 def _draw_exports(session_id: str) -> None:
     try:
         doc = doc_from_session(state.scoped().get(session_id))
-    except Exception as exc:  # noqa: BLE001 - exporting is optional; say why it is not offered
-        st.caption(f"Export unavailable: {exc}")
+    except Exception as exc:  # noqa: BLE001 - exporting is optional; say that it is not offered
+        st.caption(error_reference("Export unavailable", exc))
         return
     cols = st.columns(3)
     cols[0].download_button("⬇ Markdown", to_markdown(doc), f"{session_id}.md", "text/markdown",
@@ -243,7 +261,7 @@ def _draw_stored(session_id: str) -> None:
         st.error("Session not found.")
         return
     except StoreError as exc:
-        st.error(f"Could not open session {session_id}: {exc}")
+        st.error(error_reference("Could not open the session", exc))
         return
     with st.chat_message("user"):
         st.markdown(md_literal(typed_question(record.question)))
@@ -256,6 +274,29 @@ def _draw_stored(session_id: str) -> None:
         if record.source not in ("eval", "probe"):
             _draw_learning_toggle(session_id, not record.training_opt_out)
         approval.draw_pending(record, draw_run)  # a paused plan's form (issue 21; app/ui/approval.py)
+        if state.services().log.interrupted(session_id):  # the scoped read above checked it is the viewer's
+            _offer_resume(record)
+
+
+def _offer_resume(record: SessionRecord) -> None:
+    """A session whose process stopped (its lease expired, issue 34): go on with it from its last checkpoint."""
+    st.warning("This session was interrupted: the process running it stopped. It can go on from its last step.")
+    if not st.button("Resume it", key=f"resume_{record.session_id}"):
+        return
+    run = LiveRun(state.services().research, record.question, None,  # type: ignore[arg-type]
+                  resume=(record.session_id, None), limits=_limits(), admin=state.viewer().admin,
+                  person=state.viewer().user_id)
+    view, box = RunView.from_record(record), st.empty()
+    for event in run.events():
+        if event is not None:
+            view.apply(event)
+            with box.container():
+                draw_run(view, live=True)
+    ended = run.ended
+    if ended is not None and isinstance(ended.error, InputError):  # refused (a cap, or not resumable): nothing changed
+        st.error(md_literal(str(ended.error)))
+        return
+    st.rerun()
 
 
 def _draw_learning_toggle(session_id: str, learning: bool) -> None:
@@ -308,8 +349,10 @@ def _sidebar_privacy() -> None:
         if st.button("Delete my data", key="delete_mine", disabled=not sure):
             try:
                 purge_checkpoints(state.settings().store, owned_sessions(svc.log, me.user_id))
+                from app.retrain import deletion_copies
+
                 result = delete_user_data(svc.log, me.user_id, requested_by=me.user_id, bank=svc.bank,
-                                          keep_account=True)
+                                          keep_account=True, copies=deletion_copies(state.settings(), svc.bank))
                 st.session_state.chat = Chat()
                 st.success(f"Deleted {result.counts.get('sessions', 0)} session(s) and "
                            f"{result.bank_items_removed} rubric-bank item(s).")
@@ -355,7 +398,8 @@ def _ask(typed: str, options: RunOptions, backends: list[str], approve_plan: boo
         # The session is created for this person (its owner), with their per-chat learning choice.
         with acting_as(state.viewer().user_id, learn=bool(st.session_state.get("learn_next", True))):
             run = LiveRun(svc.research, question, options, backends, on_event=file_session,
-                          approve_plan=approve_plan)
+                          approve_plan=approve_plan, limits=_limits(), admin=state.viewer().admin,
+                          person=state.viewer().user_id)
         st.session_state.live_run = run
         timer = st.empty()
         with box.container():
@@ -379,10 +423,10 @@ def _ask(typed: str, options: RunOptions, backends: list[str], approve_plan: boo
             _remember(chat, error.session_id, threads)
             st.rerun()
         with box.container():
-            if isinstance(error, AgentError):  # bad input: nothing was written
-                st.error(str(error))
+            if isinstance(error, InputError):  # bad input, nothing written: the message says what to change
+                st.error(md_literal(str(error)))
             else:
-                st.error(f"The run could not start: {type(error).__name__}: {error}")
+                st.error(error_reference("The run could not start", error if error is not None else "no error"))
 
 
 def _remember(chat: Chat, session_id: str, threads: ChatThreads) -> None:

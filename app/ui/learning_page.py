@@ -15,6 +15,7 @@ import streamlit as st
 
 from app import dashboard
 from app.ui import state
+from app.ui.view import md_literal
 from store.deletion import versions_trained_on_deleted_data
 
 
@@ -59,7 +60,7 @@ def _retrain_box() -> None:
         return
     running = svc.registry.running_cycle()
     if running is not None:
-        st.info(f"A retraining cycle is running: `{running.cycle_id}` ({running.stage}).")
+        st.info(f"A retraining cycle is running: {md_literal(running.cycle_id)} ({md_literal(running.stage)}).")
     blocker = retrain_blocker(svc.settings.store.data_dir)
     if blocker is not None:
         st.caption(f"Retraining cannot start from this app: {blocker}. Start a cycle where the trainer runs, e.g. "

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-import time
-
 import streamlit as st
 
 from app.ui import state
-from app.ui.auth import Identity, LoginRefused, UIAccessError, access_policy, oidc_identity, password_login
+from app.ui.auth import (
+    Identity,
+    SHARED_ADMIN,
+    SHARED_USER,
+    LoginRefused,
+    UIAccessError,
+    access_policy,
+    attempt_password_login,
+    oidc_identity,
+    open_ui_host_refusal,
+)
 from store.owner import LOCAL
+from store.users import UserError
 
 
 def _host() -> str:
@@ -34,19 +43,23 @@ def _login() -> bool:
         st.error(str(exc))
         return False
     if not policy.login_required:
-        _enter(Identity(LOCAL, policy.open_role or "admin"))
+        # Open to whoever reaches loopback: refuse a browser that reached it under another name (DNS rebinding).
+        refusal = open_ui_host_refusal(dict(st.context.headers))
+        if refusal is not None:
+            st.error(refusal)
+            return False
+        _enter(Identity(LOCAL, policy.open_role or "admin", LOCAL))
         return True
     if st.session_state.get("role") and st.session_state.get("user_id"):
         return True
     if policy.oidc and getattr(st.user, "is_logged_in", False):
         try:
-            who = oidc_identity(getattr(st.user, "email", None), getattr(st.user, "sub", None), ui,
-                                getattr(st.user, "email_verified", None))
-        except LoginRefused as exc:
+            who = oidc_identity(st.user.to_dict(), ui)
+            users.ensure(who.user_id, kind="oidc", role=who.role)  # their consent setting lives on this row
+        except (LoginRefused, UserError) as exc:
             st.error(str(exc))
             st.button("Log out", on_click=st.logout, key="oidc_refused_logout")
             return False
-        users.ensure(who.user_id, kind="oidc", role=who.role)  # their consent setting lives on this row
         _enter(who)
         return True
     st.title("🔬 rubricem")
@@ -57,14 +70,15 @@ def _login() -> bool:
                 "; leave it empty for the shared password" if ui.password or ui.admin_password else ""))
             given = st.text_input("Password", type="password")
             if st.form_submit_button("Log in"):
-                who = password_login(name, given, ui, users)
+                # Counted per address and per name in the server process (a reload does not reset it), and refused
+                # before any password check while either is backing off.
+                outcome = attempt_password_login(name, given, ui, users, state.limiter(), st.context.ip_address)
+                who = outcome.identity
                 if who is None:
-                    # Slow repeated guessing down: 1 s more per failure in this browser session, at most 5 s.
-                    fails = st.session_state.get("login_failures", 0) + 1
-                    st.session_state.login_failures = fails
-                    time.sleep(min(fails, 5))
-                    st.error("Wrong name or password.")
+                    st.error(outcome.message)
                 else:
+                    if who.user_id in (SHARED_USER, SHARED_ADMIN):  # its own identity, with its consent row
+                        users.ensure(who.user_id, kind="local", role=who.role)
                     _enter(who)
                     st.rerun()
     if policy.oidc:
@@ -76,11 +90,13 @@ def _enter(who: Identity) -> None:
     """Keep only who this is and their role in the browser session (never a password)."""
     st.session_state.user_id = who.user_id
     st.session_state.role = who.role
+    st.session_state.user_label = who.label or who.user_id
 
 
 def _logout_box() -> None:
     role = st.session_state.get("role")
-    st.sidebar.caption(f"Signed in as **{st.session_state.get('user_id')}** ({role})")
+    st.sidebar.caption(f"Signed in as **{st.session_state.get('user_label') or st.session_state.get('user_id')}** "
+                       f"({role})")
     if st.sidebar.button("Log out", key="logout") and role:
         st.session_state.clear()  # the next person on this browser sees nothing of this one's chat
         if getattr(st.user, "is_logged_in", False):

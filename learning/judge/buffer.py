@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from learning.errors import LearningError
 from learning.judge.types import Rubric, RubricBufferStore
+from store.deletion import FEEDBACK_RUBRIC_TITLE
 from store.records import STAGES, Stage, question_sha, sha256_text
 
 CAPS: Mapping[Stage, int] = MappingProxyType({"plan": 3, "research": 2, "review": 2, "answer": 3})
@@ -239,6 +240,10 @@ class RubricBuffer:
 def load_buffer(store: RubricBufferStore, question: str) -> RubricBuffer:
     """The saved buffer of a question (version = the store's version), or an empty one.
 
+    Rubrics made from feedback notes that judges saved in the shared buffer before issue 34 are left out: a note now
+    judges only its giver's own sessions (`learning.judge.feedback`), handed over per group and never saved, so an
+    old buffer must not go on applying one person's notes to everyone's sessions. The next save drops them for good.
+
     Raises:
         BufferPayloadError: the stored payload is malformed.
     """
@@ -246,7 +251,9 @@ def load_buffer(store: RubricBufferStore, question: str) -> RubricBuffer:
     if found is None:
         return RubricBuffer.empty(question)
     payload, version = found
-    return RubricBuffer.from_payload(payload, version=str(version))
+    buffer = RubricBuffer.from_payload(payload, version=str(version))
+    shared = tuple(r for r in buffer.persistent if not r.title.startswith(FEEDBACK_RUBRIC_TITLE))
+    return buffer if len(shared) == len(buffer.persistent) else replace(buffer, persistent=shared)
 
 
 def save_buffer(store: RubricBufferStore, buffer: RubricBuffer) -> RubricBuffer:

@@ -1,11 +1,17 @@
 """User feedback notes → persistent Answer-stage rubrics for the judge (issue 7; a decision of this project).
 
 METHOD.md is silent on user feedback (§16 has no decision on it), so this project decides: every non-empty note left
-on an answer ("what was missing or wrong") becomes ONE persistent Answer-stage rubric for its question — weight 2
-(important), positive polarity ("the answer addresses this"), never pruned, like ground-truth rubrics given with a
-question (METHOD §5.2 C.1). Notes that are the same after normalisation collapse into one rubric; a rating without a
-note adds nothing (a thumb says *that* an answer was good or bad, not *what* to check). The id comes from the note
-itself, so a note maps to the same rubric on every run and the rubric buffer keeps it once.
+on an answer ("what was missing or wrong") becomes ONE Answer-stage rubric for its question — weight 2 (important),
+positive polarity ("the answer addresses this"). Notes that are the same after normalisation collapse into one
+rubric; a rating without a note adds nothing (a thumb says *that* an answer was good or bad, not *what* to check).
+The id comes from the note itself, so a note maps to the same rubric on every run.
+
+Whose sessions a note judges (issue 34): only its giver's own later sessions of that question (notes they gave on
+their own sessions, `store.people.own_feedback`), at most MAX_FEEDBACK_RUBRICS of them, newest first, per judging
+run. They reach the judge as `session_rubrics` of a group of that person's sessions: scored there, never saved in the
+question's shared rubric buffer. One person's notes therefore never score another person's answers (before, they
+scored everyone's sessions of the question, and each judging run saved them into the shared buffer, where they piled
+up without a limit), and a deletion of their data takes them all (they live in the feedback table only).
 
 Notes are user text quoted into judge prompts: the judge sees them as rubric content, never as instructions.
 """

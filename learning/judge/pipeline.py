@@ -13,6 +13,7 @@ from datetime import datetime
 from learning.judge.feedback import feedback_rubrics
 from learning.judge.types import Judgement, Rubric, TrajectoryJudge, Usage
 from learning.judge.user_rubrics import session_user_rubrics
+from store.people import own_feedback
 from store.records import SessionRecord, normalise_question
 from store.session_log import SessionLog
 
@@ -51,21 +52,25 @@ async def judge_pending(
     records = [log.get(sid) for sid in log.completed_unjudged(since=since, limit=limit)]
     groups: dict[str, list[SessionRecord]] = {}
     own: dict[str, tuple[Rubric, ...]] = {}
+    notes: dict[tuple[str, str], tuple[Rubric, ...]] = {}
     for rec in records:
+        # A person's notes on their earlier answers to this question judge their own sessions of it only
+        # (learning/judge/feedback): those sessions are a group of their own.
+        mine = (normalise_question(rec.question), rec.owner)
+        if mine not in notes:
+            notes[mine] = feedback_rubrics(own_feedback(log, rec.question, rec.owner))
         # A session whose user edited its plan is judged alone, with the user's rubrics (learning/judge/user_rubrics).
-        own[rec.session_id] = session_user_rubrics(log, rec.session_id)
-        key = normalise_question(rec.question) + (f"\0{rec.session_id}" if own[rec.session_id] else "")
+        plan = session_user_rubrics(log, rec.session_id)
+        own[rec.session_id] = plan + notes[mine]
+        key = mine[0] + (f"\0{rec.owner}" if notes[mine] else "") + (f"\0{rec.session_id}" if plan else "")
         groups.setdefault(key, []).append(rec)
     for recs in groups.values():
         summary.groups += 1
         say(f"judging {len(recs)} session(s): {recs[0].question[:80]!r}")
         try:
-            # Users' notes on earlier answers to this question are extra persistent rubrics (learning/judge/feedback).
-            persistent = feedback_rubrics(log.feedback_for_question(recs[0].question))
-            # A user's plan rubrics judge their own session only: never added to the question's shared buffer.
+            # Plan rubrics and the owner's notes judge this group only: never added to the question's shared buffer.
             scoped = {"session_rubrics": own[recs[0].session_id]} if own[recs[0].session_id] else {}
-            judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs], persistent=persistent,
-                                                 **scoped)
+            judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs], **scoped)
             if len(judgements) != len(recs):
                 raise RuntimeError(f"the judge returned {len(judgements)} judgements for {len(recs)} sessions")
         except Exception as exc:  # a judge failure is recorded per session; the batch goes on

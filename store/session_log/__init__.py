@@ -6,7 +6,7 @@ one mixin per concern over a shared database:
 
 - `connection`: opening and migrating the database, transactions, lifecycle (`SessionLogBase`);
 - `codec`: storage encodings (token ids, logprobs, text, JSON, timestamps) and input checks;
-- `sessions`: sessions, turns and tool calls, crash recovery, reads (`SessionSummary`);
+- `sessions`: sessions, turns and tool calls, leases and the crash sweep, reads (`SessionSummary`);
 - `judgements`: judgements, the unjudged queue and rubric buffers (`JudgementRecord`);
 - `feedback`: user feedback (`FeedbackRecord`);
 - `reflections`: reflection candidate batches (`ReflectionCandidate`, `ReflectionCandidateRecord`).
@@ -17,17 +17,28 @@ from __future__ import annotations
 from store.session_log.feedback import FEEDBACK_RATINGS, MAX_FEEDBACK_NOTE, FeedbackMixin, FeedbackRecord
 from store.session_log.judgements import JudgementRecord, JudgementsMixin
 from store.session_log.reflections import ReflectionCandidate, ReflectionCandidateRecord, ReflectionsMixin
-from store.session_log.sessions import SessionsMixin, SessionSummary
+from store.session_log.sessions import (
+    DEFAULT_LEASE_S,
+    LeaseSweep,
+    SessionLease,
+    SessionsMixin,
+    SessionSummary,
+    process_lease_owner,
+)
 
 __all__ = [
+    "DEFAULT_LEASE_S",
     "FEEDBACK_RATINGS",
     "MAX_FEEDBACK_NOTE",
     "FeedbackRecord",
     "JudgementRecord",
+    "LeaseSweep",
     "ReflectionCandidate",
     "ReflectionCandidateRecord",
+    "SessionLease",
     "SessionLog",
     "SessionSummary",
+    "process_lease_owner",
 ]
 
 

@@ -20,13 +20,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from store.errors import InvalidInput, SessionNotFound
 from store.records import PromptRecord, Turn
-from store.session_log import SessionLog
+from store.session_log import DEFAULT_LEASE_S, SessionLog, process_lease_owner
 from store.session_log.codec import (
     choice_in,
+    iso,
     json_in,
     label_in,
     opt_text_in,
@@ -114,17 +115,23 @@ class SessionRuns:
         pause: Mapping[str, Any] | None = None,
         expires_at: str | None = None,
     ) -> None:
-        """Move a durable session to `state` (pause and expiry only mean something while awaiting approval)."""
+        """Move a durable session to `state` (pause and expiry only mean something while awaiting approval). A
+        paused session waits for its answer, not for a process: its lease is released (migration 0010), so the
+        answer may be given from any process at once."""
         values = (choice_in(state, _STATES, "state"), opt_text_in(reason, "reason"),
                   None if pause is None else json_in(dict(pause), "pause"), opt_text_in(expires_at, "expires_at"))
+        now = self.log.now()
         with self.log.transaction(write=True) as conn:
             cur = conn.execute(
                 "UPDATE session_runs SET state = ?, reason = ?, pause_json = ?, expires_at = ?, updated_at = ? "
                 "WHERE session_id = ?",
-                (*values, self.log.now(), session_id),
+                (*values, now, session_id),
             )
             if cur.rowcount == 0:
                 raise SessionNotFound(session_id)
+            if state == "awaiting_approval":
+                conn.execute("UPDATE sessions SET lease_until = ?, lease_owner = NULL WHERE session_id = ?",
+                             (now, session_id))
 
     def get(self, session_id: str) -> RunState | None:
         """The session's run state, or None for a session that never ran durably."""
@@ -147,20 +154,34 @@ class SessionRuns:
         runs = [s for s in (self.get(r[0]) for r in rows) if s is not None]
         return runs if include_expired else [s for s in runs if not s.expired()]
 
-    def claim(self, seen: RunState) -> bool:
-        """Take a session over for one resume: move it to 'active' (pause and expiry cleared) only if its row is
-        still exactly as `seen` (same state, same `updated_at`). Of two resumers that read the same row, one wins;
-        the other gets False and must not go on."""
-        now = self.log.now()
+    def claim(self, seen: RunState, *, lease_s: float = DEFAULT_LEASE_S, owner: str | None = None) -> bool:
+        """Take a session over for one resume: move it to 'active' (pause and expiry cleared) and take its lease
+        for `lease_s` seconds (for `owner`, default this process), only if its row is still exactly as `seen`
+        (same state, same `updated_at`) and no process holds its lease (migration 0010). Of two resumers that read
+        the same row, one wins; a session another process is still running is never taken; the loser gets False
+        and must not go on."""
+        now_dt = self.log.clock()
+        now = iso(now_dt)
         while now == seen.updated_at:  # the new version must differ from the one read (same-microsecond clock)
-            now = self.log.now()
+            now_dt = self.log.clock()
+            now = iso(now_dt)
+        until = iso(now_dt + timedelta(seconds=lease_s))
         with self.log.transaction(write=True) as conn:
+            held = conn.execute(
+                "SELECT 1 FROM sessions WHERE session_id = ? AND status = 'running' AND lease_until IS NOT NULL "
+                "AND lease_until > ?", (seen.session_id, now)).fetchone()
+            if held is not None:
+                return False
             cur = conn.execute(
                 "UPDATE session_runs SET state = 'active', reason = NULL, pause_json = NULL, expires_at = NULL, "
                 "updated_at = ? WHERE session_id = ? AND state = ? AND updated_at = ?",
                 (now, seen.session_id, seen.state, seen.updated_at),
             )
-            return cur.rowcount == 1
+            if cur.rowcount != 1:
+                return False
+            conn.execute("UPDATE sessions SET heartbeat_at = ?, lease_until = ?, lease_owner = ? WHERE session_id = ?",
+                         (now, until, owner or process_lease_owner(), seen.session_id))
+            return True
 
     def set_prompt(self, session_id: str, prompt: PromptRecord) -> None:
         """Replace the prompt of a running session that has no turn yet (a clarification answer joined its user

@@ -109,6 +109,10 @@ class SessionLogBase:
     def _now(self) -> str:
         return iso(self._clock())
 
+    def clock(self) -> datetime:
+        """The log's clock as a datetime (UTC): leases are compared with it."""
+        return self._clock()
+
     @staticmethod
     def _status(conn: Connection, session_id: str) -> str:
         row = conn.execute("SELECT status FROM sessions WHERE session_id = ?", (session_id,)).fetchone()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Literal, get_args
 
 from store.errors import ConnectionLost, DuplicateSession, InvalidInput, SessionNotFound
@@ -49,6 +51,58 @@ _SESSION_SOURCES: tuple[str, ...] = get_args(SessionSource)
 _KINDS: tuple[str, ...] = get_args(TurnKind)
 
 _STALE_ERROR = "marked failed by crash recovery: still 'running' with no write for longer than {older_than}"
+_SWEPT_ERROR = ("interrupted: the process running this session stopped (last heartbeat {heartbeat}) and the session "
+                "was not checkpointed, so it cannot be resumed")
+
+DEFAULT_LEASE_S = 90.0
+"""How long a session's lease lasts from its creation until the running process's first heartbeat (the service then
+renews it with the deployment's `sessions.lease_s`)."""
+
+_OWNER: tuple[int, str] | None = None
+
+
+def process_lease_owner() -> str:
+    """This process's name on the leases it holds (host, pid and a random part, so a reused pid is another owner)."""
+    global _OWNER
+    if _OWNER is None or _OWNER[0] != os.getpid():  # a forked child is another process
+        _OWNER = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+    return _OWNER[1]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLease:
+    """Who runs a session and until when: renewed by the running process's heartbeat; past `lease_until` the
+    process is taken to be gone."""
+
+    session_id: str
+    status: SessionStatus
+    heartbeat_at: str | None
+    lease_until: str | None
+    owner: str | None
+
+    def live(self, now: datetime) -> bool:
+        """Whether a process still holds the session (only a running session can be held)."""
+        return self.status == "running" and self.lease_until is not None and self.lease_until > iso(now)
+
+    def heartbeat_age_s(self, now: datetime) -> float | None:
+        """Seconds since the last heartbeat, or None when there was none."""
+        if self.heartbeat_at is None:
+            return None
+        return max(0.0, (now - datetime.fromisoformat(self.heartbeat_at)).total_seconds())
+
+    def expires_in_s(self, now: datetime) -> float:
+        """Seconds until the lease expires (0 when it has)."""
+        if self.lease_until is None:
+            return 0.0
+        return max(0.0, (datetime.fromisoformat(self.lease_until) - now).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSweep:
+    """What one crash sweep found: running sessions whose process is gone."""
+
+    failed: tuple[str, ...]  # not checkpointed (or their run had ended): marked failed, never trained on
+    interrupted: tuple[str, ...]  # checkpointed: left running and shown as interrupted, for `rubricem resume`
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +121,12 @@ class SessionSummary:
     error: str | None
     source: SessionSource = "api"
     owner: str = "local"
+    interrupted: bool = False  # running, not paused, and its lease has expired: the process running it is gone
+
+    @property
+    def shown_status(self) -> str:
+        """The status to show people: "interrupted" for a running session whose process is gone, else `status`."""
+        return "interrupted" if self.interrupted else self.status
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,15 +254,18 @@ class SessionsMixin(SessionLogBase):
             pack_ids(prompt.token_ids, "prompt"), label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True),
             choice_in(source, _SESSION_SOURCES, "source"), int(opt_out), who,
         )
-        now = self._now()
+        now_dt = self._clock()
+        now, until = iso(now_dt), iso(now_dt + timedelta(seconds=DEFAULT_LEASE_S))
         with self._transaction("IMMEDIATE") as conn:
             if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (sid,)).fetchone():
                 raise DuplicateSession(sid)
+            # The creating process holds the session's lease from the start (see `renew_lease`).
             conn.execute(
                 "INSERT INTO sessions (session_id, question, policy_version, options_json, prompt_text, "
-                "prompt_token_ids, prompt_sha, source, training_opt_out, owner, status, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
-                (*values, now, now),
+                "prompt_token_ids, prompt_sha, source, training_opt_out, owner, status, created_at, updated_at, "
+                "heartbeat_at, lease_until, lease_owner) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+                (*values, now, now, now, until, process_lease_owner()),
             )
         return sid
 
@@ -385,6 +448,83 @@ class SessionsMixin(SessionLogBase):
             )
             return cursor.rowcount
 
+    # -- leases (migration 0010): which process runs a session --
+
+    def renew_lease(self, session_id: str, lease_s: float, owner: str | None = None) -> bool:
+        """The running process's heartbeat: hold the session for `lease_s` more seconds.
+
+        Renews only a lease this owner (default: this process) holds, or one nobody holds any more; a session that
+        another process has taken over (`rubricem resume` after this one's lease expired) or that has ended is left
+        alone.
+
+        Returns:
+            Whether the lease is held by `owner` now.
+        """
+        if not isinstance(lease_s, int | float) or isinstance(lease_s, bool) or not 0 < lease_s < 1e7:
+            raise InvalidInput(f"lease_s must be a number of seconds > 0, got {lease_s!r}")
+        who = label_in(owner or process_lease_owner(), "lease owner")
+        now_dt = self._clock()
+        now, until = iso(now_dt), iso(now_dt + timedelta(seconds=float(lease_s)))
+        with self._transaction("IMMEDIATE") as conn:
+            cur = conn.execute(
+                "UPDATE sessions SET heartbeat_at = ?, lease_until = ?, lease_owner = ? WHERE session_id = ? "
+                "AND status = 'running' AND (lease_owner = ? OR lease_owner IS NULL OR lease_until IS NULL "
+                "OR lease_until <= ?)",
+                (now, until, who, session_id, who, now),
+            )
+            return cur.rowcount == 1
+
+    def release_lease(self, session_id: str, owner: str | None = None) -> None:
+        """Let go of a session this owner holds (a paused session waits for its answer, held by no process)."""
+        who = owner or process_lease_owner()
+        with self._transaction("IMMEDIATE") as conn:
+            conn.execute("UPDATE sessions SET lease_until = ?, lease_owner = NULL WHERE session_id = ? "
+                         "AND lease_owner = ?", (self._now(), session_id, who))
+
+    def lease(self, session_id: str) -> SessionLease:
+        """The session's lease as stored (`SessionLease.live` says whether a process holds it).
+
+        Raises:
+            SessionNotFound: Unknown id.
+        """
+        with self._transaction("DEFERRED") as conn:
+            r = conn.execute("SELECT status, heartbeat_at, lease_until, lease_owner FROM sessions "
+                             "WHERE session_id = ?", (session_id,)).fetchone()
+        if r is None:
+            raise SessionNotFound(session_id)
+        return SessionLease(session_id, r[0], r[1], r[2], r[3])
+
+    def sweep_expired_leases(self) -> LeaseSweep:
+        """Crash sweep: running sessions whose lease has expired (their process is gone) and that are not paused.
+
+        A checkpointed one (run state 'active') stays running: it is shown as interrupted and `rubricem resume` goes
+        on with it; it is never trained on, since only completed sessions are. Any other (not checkpointed, or its
+        run already ended) can never go on: it is marked failed, with the last heartbeat in its error. Paused
+        sessions (awaiting an answer) hold no lease and are left to their own expiry.
+        """
+        now = self._now()
+        with self._transaction("IMMEDIATE") as conn:
+            rows = conn.execute(
+                "SELECT s.session_id, s.heartbeat_at, r.state FROM sessions s "
+                "LEFT JOIN session_runs r ON r.session_id = s.session_id "
+                "WHERE s.status = 'running' AND (s.lease_until IS NULL OR s.lease_until <= ?) "
+                "AND (r.state IS NULL OR r.state <> 'awaiting_approval') ORDER BY s.created_at",
+                (now,),
+            ).fetchall()
+            failed, interrupted = [], []
+            for sid, heartbeat, state in rows:
+                if state == "active":
+                    interrupted.append(sid)
+                    continue
+                conn.execute(
+                    "UPDATE sessions SET status = 'failed', finished_at = ?, updated_at = ?, "
+                    "error = COALESCE(error, ?), metrics_json = ? WHERE session_id = ? AND status = 'running'",
+                    (now, now, _SWEPT_ERROR.format(heartbeat=heartbeat or "never"),
+                     json.dumps({"interrupted": "lease_expired"}), sid),
+                )
+                failed.append(sid)
+        return LeaseSweep(tuple(failed), tuple(interrupted))
+
     # -- reads --
 
     def get(self, session_id: str) -> SessionRecord:
@@ -478,14 +618,35 @@ class SessionsMixin(SessionLogBase):
             rows = conn.execute(
                 "SELECT s.session_id, s.question, s.status, s.created_at, s.finished_at, s.policy_version, "
                 "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.session_id), "
-                "(SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = s.session_id), s.malformed, s.error, s.source, "
-                "s.owner "
+                "(SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = s.session_id), s.malformed, s.error, "
+                "s.source, s.owner, s.lease_until, "
+                "(SELECT r.state FROM session_runs r WHERE r.session_id = s.session_id) "
                 f"FROM sessions s {where} ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?",
                 (*params, limit),
             ).fetchall()
+        now = self._now()
         return [
             SessionSummary(session_id=r[0], question=text_out(r[1]), status=r[2], created_at=r[3], finished_at=r[4],
                            policy_version=r[5], n_turns=int(r[6]), n_tool_calls=int(r[7]), malformed=bool(r[8]),
-                           error=opt_text_out(r[9]), source=r[10], owner=r[11])
+                           error=opt_text_out(r[9]), source=r[10], owner=r[11],
+                           interrupted=_interrupted(r[2], r[12], r[13], now))
             for r in rows
         ]
+
+    def interrupted(self, session_id: str) -> bool:
+        """Whether a session is running, not paused, and its lease has expired (shown as "interrupted").
+
+        Raises:
+            SessionNotFound: Unknown id.
+        """
+        with self._transaction("DEFERRED") as conn:
+            r = conn.execute(
+                "SELECT s.status, s.lease_until, (SELECT r.state FROM session_runs r WHERE r.session_id = "
+                "s.session_id) FROM sessions s WHERE s.session_id = ?", (session_id,)).fetchone()
+        if r is None:
+            raise SessionNotFound(session_id)
+        return _interrupted(r[0], r[1], r[2], self._now())
+
+
+def _interrupted(status: str, lease_until: str | None, run_state: str | None, now: str) -> bool:
+    return status == "running" and run_state != "awaiting_approval" and (lease_until is None or lease_until <= now)

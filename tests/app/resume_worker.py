@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.config import AgentConfig, RunOptions
-from app.durable import DurableSessions
+from app.durable import DurableSessions, LeaseTiming
 from app.service import ResearchOutcome, ResearchService
 from store.config import StoreConfig
 from store.records import Snippet
@@ -28,6 +28,8 @@ from tests.fakes import ScriptedPolicy
 QUESTION = "What language were books translated into in Haymo's era?"
 # question_first off: the research block below hangs inside the model's own first query, after the forced opening.
 OPTIONS = RunOptions(context_tokens=65536, seed=7, max_tool_calls=3, inject_bank=False, question_first=False)
+# A short lease (issue 34): a killed worker's session can be resumed a few seconds later; a live one is renewed.
+LEASE = LeaseTiming(heartbeat_s=0.5, lease_s=3.0)
 
 
 def script(block: str | None, marker: Path):  # noqa: ANN201
@@ -79,7 +81,7 @@ async def main(data: Path, mode: str, block: str | None) -> dict[str, object]:
     log = SessionLog.from_config(store)
     policy, search = script(block, data / "blocked")
     service = ResearchService(policy, {"local_search": search}, log, AgentConfig(),
-                              durable=DurableSessions.for_store(log, store))
+                              durable=DurableSessions.for_store(log, store), lease=LEASE)
     if mode == "start":
         out = await service.start(QUESTION, OPTIONS, source="cli")
     else:

@@ -209,3 +209,24 @@ def test_run_failures_are_retried_on_rerun_and_an_item_format_wins(run_env: dict
     cited = {c["id"] for c in record["citations"]}
     assert all(f"`{cid}`" in record["report"] for cid in cited)
     assert len(_sessions(tmp_path)) == 2
+
+
+def test_a_queries_file_is_read_line_by_line_under_its_caps(tmp_path: Path) -> None:
+    """Issue 34: a queries file is never read whole. More questions than the cap, or one line longer than
+    MAX_LINE_BYTES, is refused naming the line; a file within the caps loads as before."""
+    from app.batch import MAX_LINE_BYTES
+
+    many = tmp_path / "many.jsonl"
+    many.write_text("".join(json.dumps({"question": f"Question {i}?"}) + "\n" for i in range(6)), encoding="utf-8")
+    with pytest.raises(BatchInputError, match=r"many.jsonl, line 6: more than 5 questions in one file: split it"):
+        load_items(many, max_questions=5)
+    assert len(load_items(many, max_questions=6)) == 6
+    table = tmp_path / "many.csv"
+    table.write_text("question\n" + "".join(f"Question {i}?\n" for i in range(6)), encoding="utf-8")
+    with pytest.raises(BatchInputError, match=r"many.csv, line 7: more than 5 questions"):
+        load_items(table, max_questions=5)
+    huge = tmp_path / "huge.jsonl"
+    with open(huge, "wb") as fh:  # one line of 64 MiB, no newline: refused after reading one line's worth
+        fh.write(b'{"question": "Why?"}\n{"question": "' + b"a" * (64 << 20) + b'"}')
+    with pytest.raises(BatchInputError, match=rf"huge.jsonl, line 2: longer than {MAX_LINE_BYTES:,} bytes"):
+        load_items(huge)

@@ -20,6 +20,7 @@ from store.users import Users
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = PromptRecord(text="p", token_ids=(1,), prompt_sha="s")
+BOB = "oidc:0123456789ab:bob-subject"  # an OIDC id as the UI makes it (app.ui.auth.oidc_user_id)
 
 
 def rubricem(args: list[str], env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -38,13 +39,19 @@ def test_accounts_consent_and_counts(env: dict[str, str], tmp_path: Path) -> Non
     added = rubricem(["users", "add", "alice", "--password-stdin", "--consent", "no"], env, "alice's secret pw\n")
     assert added.returncode == 0, added.stderr
     assert "added alice (password, user)" in added.stdout and "secret" not in added.stdout + added.stderr
-    assert rubricem(["users", "add", "bob@example.org", "--oidc", "--admin"], env).returncode == 0
+    assert rubricem(["users", "add", BOB, "--oidc", "--admin"], env).returncode == 0
+    # Issue 34: OIDC people are known by issuer and subject, and no password account looks like an address.
+    by_mail = rubricem(["users", "add", "bob@example.org", "--oidc"], env)
+    assert by_mail.returncode == 2 and "not an OIDC id" in by_mail.stderr
+    assert "RUBRICEM_UI__ADMIN_EMAILS" in by_mail.stderr
+    at_name = rubricem(["users", "add", "carol@example.org", "--password-stdin"], env, "carol's long pw\n")
+    assert at_name.returncode == 2 and "no '@'" in at_name.stderr
     taken = rubricem(["users", "add", "alice", "--password-stdin"], env, "another long pw\n")
     assert taken.returncode == 2 and "already exists" in taken.stderr
     too_long = rubricem(["users", "add", "carol", "--password-stdin"], env, "x" * 73 + "\n")
     assert too_long.returncode == 2 and "at most 72 bytes" in too_long.stderr and "x" * 73 not in too_long.stderr
     with SessionLog(tmp_path / "data" / "rubricem.sqlite3") as log:
-        for owner in ("alice", "alice", "bob@example.org"):
+        for owner in ("alice", "alice", BOB):
             sid = log.create_session("q?", PROMPT, {}, "base", owner=owner, source="chat")
             log.finish(sid, "completed", report="r")
         assert Users(log).verify_password("alice", "alice's secret pw") is not None
@@ -52,15 +59,15 @@ def test_accounts_consent_and_counts(env: dict[str, str], tmp_path: Path) -> Non
     assert listed[0].split()[:3] == ["alice", "password", "user"] and "learn: no" in listed[0]
     assert "sessions: 2" in listed[0] and "learn: default (yes)" in listed[1]
     counts = rubricem(["sessions", "list", "--user"], env).stdout.splitlines()
-    assert [c.split()[:2] for c in counts] == [["alice", "2"], ["bob@example.org", "1"]]
-    mine = rubricem(["sessions", "list", "--user", "bob@example.org"], env).stdout.splitlines()
+    assert [c.split()[:2] for c in counts] == [["alice", "2"], [BOB, "1"]]
+    mine = rubricem(["sessions", "list", "--user", BOB], env).stdout.splitlines()
     assert len(mine) == 1
     assert "learn from their sessions: yes" in rubricem(["users", "set-consent", "alice", "yes"], env).stdout
     unknown = rubricem(["users", "set-consent", "mallory", "no"], env)
     assert unknown.returncode == 2 and unknown.stderr.strip() == "error: no user 'mallory'"
     assert rubricem(["users", "remove", "mallory"], env).returncode == 2
     assert rubricem(["users", "remove", "alice"], env).returncode == 0
-    assert rubricem(["users", "list"], env).stdout.split()[0] == "bob@example.org"
+    assert rubricem(["users", "list"], env).stdout.split()[0] == BOB
 
 
 def test_delete_data_removes_rows_and_bank_items_and_marks_versions(env: dict[str, str], tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from agent.config import SHIPPED_SFT_ADAPTER
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "mcp-token-5b1e0c7d"
+TOKEN = "mcp-token-5b1e0c7d-9a3f2e61c40b8d7f"  # at least 32 characters (issue 34)
 START_S = 180.0  # the server indexes the bundled corpus before it listens
 
 

@@ -1,7 +1,8 @@
 """Durable sessions (issue 21): a research process killed with SIGKILL inside the Research loop and inside a tool
 call is resumed from its checkpoint; the log then holds each turn exactly once, the token sequence is one
 contiguous valid sequence (the same as an uninterrupted run's), and the report completes. Bad resumes change
-nothing; a missing or corrupt checkpoint ends the session with the reason.
+nothing; a missing or corrupt checkpoint ends the session with the reason. A session another live process runs is
+never taken over (issue 34: its lease is renewed by a heartbeat), and one whose process is gone shows as interrupted.
 
 Real parts: real processes (tests/app/resume_worker.py), the real service, SQLite session log and LangGraph SQLite
 checkpointer; the scripted policy gives exact outputs (its byte tokenizer makes "contiguous" checkable exactly).
@@ -24,12 +25,14 @@ import pytest
 from agent.approval import PlanDecision
 from agent.config import AgentConfig
 from app.durable import CHECKPOINT_FILE, DurableSessions, ResumeError
+from app.scheduler import build_scheduler, sweep
 from app.service import ResearchPaused, ResearchService, RunFailedError
+from app.settings import Settings
 from store.config import StoreConfig
 from store.errors import SessionNotFound
-from store.session_log import SessionLog
+from store.session_log import LeaseSweep, SessionLog
 from store.session_log.checkpoints import SessionRuns
-from tests.app.resume_worker import OPTIONS, QUESTION, script
+from tests.app.resume_worker import LEASE, OPTIONS, QUESTION, script
 from tests.fakes import byte_ids
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +53,7 @@ def kill_when_blocked(proc: subprocess.Popen[str], marker: Path, timeout: float 
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
     marker.unlink()
+    time.sleep(LEASE.lease_s + 0.5)  # the killed process's lease runs out: only then may another take it over
 
 
 def finish(proc: subprocess.Popen[str]) -> dict[str, str]:
@@ -104,6 +108,84 @@ def test_killed_in_research_and_in_a_tool_call_then_resumed_holds_each_turn_once
     # Pruned on session end: no checkpoint of the thread is left.
     with sqlite3.connect(data / CHECKPOINT_FILE) as db:
         assert db.execute("SELECT COUNT(*) FROM checkpoints WHERE thread_id = ?", (sid,)).fetchone() == (0,)
+
+
+def rubricem(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI, on this data folder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUBRICEM_")} | {
+        "PYTHONPATH": str(ROOT), "RUBRICEM_STORE__DATA_DIR": str(data)}
+    return subprocess.run([sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_resume_refuses_a_session_another_live_process_runs_then_goes_on_once_that_process_is_gone(
+        tmp_path: Path) -> None:
+    proc = worker(tmp_path, "start", "tool")  # a real process, hanging inside its second tool call
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "blocked").exists():
+            assert proc.poll() is None, f"the worker exited early: {proc.communicate()}"
+            assert time.monotonic() < deadline, "the worker never reached the blocking point"
+            time.sleep(0.05)
+        time.sleep(LEASE.lease_s + 1)  # longer than one lease: only the worker's heartbeat keeps it live
+        with log_of(tmp_path) as log:
+            (sid,) = [s.session_id for s in log.list_sessions()]
+            before = log.get(sid)
+            (row,) = log.list_sessions()
+            assert row.status == "running" and row.shown_status == "running"
+
+        svc, log = service(tmp_path)  # the service refuses (the CLI's precheck below is not the only guard)
+        with pytest.raises(ResumeError, match="is running in another process"):
+            asyncio.run(svc.resume(sid))
+        assert log.get(sid) == before and SessionRuns(log).get(sid).state == "active"  # type: ignore[union-attr]
+        assert log.sweep_expired_leases().interrupted == ()  # the sweep leaves a live session alone
+
+        cli = rubricem(tmp_path, "resume", sid, "--quiet")
+        assert cli.returncode == 2, cli.stderr
+        assert f"session {sid} is running in another process (last heartbeat" in cli.stderr
+        assert "wait for it to finish" in cli.stderr
+        assert log.get(sid) == before  # nothing changed
+        log.close()
+        assert proc.poll() is None  # the worker still runs, untouched
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+    time.sleep(LEASE.lease_s + 0.5)  # the process is gone: its lease expires
+    with log_of(tmp_path) as log:
+        (row,) = log.list_sessions()
+        assert row.status == "running" and row.interrupted and row.shown_status == "interrupted"
+        assert log.sweep_expired_leases().interrupted == (sid,)  # checkpointed: resumable, not failed
+        assert log.get(sid).status == "running"
+    listed = rubricem(tmp_path, "sessions", "list")
+    assert listed.returncode == 0 and "interrupted" in listed.stdout, listed.stdout + listed.stderr
+    result = finish(worker(tmp_path, "resume"))
+    assert result["session_id"] == sid
+    with log_of(tmp_path) as log:
+        assert log.get(sid).status == "completed" and not log.list_sessions()[0].interrupted
+
+
+def test_the_crash_sweep_fails_a_session_that_was_not_checkpointed(tmp_path: Path) -> None:
+    store = StoreConfig(data_dir=tmp_path)
+    with SessionLog.from_config(store) as log:
+        policy, search = script(None, tmp_path / "blocked")
+        plain = ResearchService(policy, {"local_search": search}, log, AgentConfig())  # no checkpoints
+        done = asyncio.run(plain.run(QUESTION, OPTIONS))
+        # A process killed mid-run: its session stays running and its lease lapses (written as a dead process would
+        # have left it; the running session itself comes from the real service).
+        sid = log.create_session(QUESTION, log.get(done.session_id).trajectory.prompt, {}, "v0")
+        assert log.sweep_expired_leases().failed == ()  # its lease is still live
+        with log.transaction(write=True) as conn:
+            conn.execute("UPDATE sessions SET lease_until = heartbeat_at WHERE session_id = ?", (sid,))
+        assert log.list_sessions()[0].shown_status == "interrupted"
+        settings = Settings(store=store)
+        assert build_scheduler(settings, blocking=False).get_job("sweep") is not None  # swept from its start on
+        sweep(settings)  # the scheduler's sweep (process starts sweep the same way, in app.container.build)
+        assert log.sweep_expired_leases() == LeaseSweep((), ())  # nothing left to sweep
+        rec = log.get(sid)
+        assert rec.status == "failed" and "was not checkpointed, so it cannot be resumed" in (rec.error or "")
+        assert log.get(done.session_id).status == "completed"  # finished sessions are never touched
 
 
 def service(data: Path) -> tuple[ResearchService, SessionLog]:

@@ -117,6 +117,23 @@ def test_payload_round_trip_and_store_persistence(tmp_path: Path) -> None:
         assert save_buffer(log, again).version == "2"
 
 
+def test_feedback_rubrics_saved_in_a_buffer_before_issue_34_no_longer_judge_everyone(tmp_path: Path) -> None:
+    """A note judges only its giver's sessions now; an old buffer holding one must not go on applying it to all."""
+    from learning.judge.feedback import feedback_rubrics
+    from store.session_log import FeedbackRecord
+
+    (note,) = feedback_rubrics([FeedbackRecord(1, "s1", Q, "down", "It never names the river.", "2025-01-01")])
+    old = RubricBuffer.empty(Q).with_persistent([rub("answer", "Names Paris", 3), note])
+    old, _ = old.add([rub("plan", "Scope", 1)])
+    with SessionLog(tmp_path / "log.sqlite") as log:
+        save_buffer(log, old)  # as the judge saved it before
+        loaded = load_buffer(log, Q)
+        assert [r.title for r in loaded.persistent] == ["Names Paris"]  # the ground truth stays, the note goes
+        assert loaded.active == old.active and loaded.version == "1"
+        save_buffer(log, loaded)
+        assert "never names the river" not in str(log.load_rubric_buffer(question_sha(Q)))
+
+
 @pytest.mark.parametrize(
     "payload",
     [{}, {"format": 99}, {"format": 1}, {"format": 1, "question": "q", "active": {"nope": []}},

@@ -4,6 +4,7 @@ SQLite log, the real offline judge on the bundled MiniLM)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 from learning.judge.buffer import RubricBuffer, rubric_id
@@ -15,6 +16,9 @@ from learning.judge.feedback import (
 )
 from learning.judge.offline import OfflineJudge
 from learning.judge.pipeline import judge_pending
+from store.deletion import FEEDBACK_RUBRIC_TITLE
+from store.owner import acting_as
+from store.people import ScopedStore, Viewer
 from store.records import Trajectory, question_sha
 from store.session_log import FeedbackRecord, SessionLog
 from tests.judge.builders import QUESTION, store_session, trajectory
@@ -111,13 +115,43 @@ def test_judge_pending_scores_every_session_of_the_question_against_its_feedback
     assert better is not None and worse is not None and better > worse
     assert summary.judgements[addressed].scaffold["offline"]["answer"]["rubric_source"] == "persistent"
 
-    # The rubric is kept in the question's buffer as a persistent rubric; the other question never sees it.
-    saved = log.load_rubric_buffer(question_sha(QUESTION))
-    assert saved is not None
-    buffer = RubricBuffer.from_payload(saved[0])
-    assert [(r.id, r.title, r.weight, r.persistent) for r in buffer.persistent] == [
-        (feedback_rubric.id, feedback_rubric.title, 2, True)]
+    # The rubric judges that group only: it is never saved in the question's shared buffer (issue 34), and the other
+    # question never sees it.
+    assert log.load_rubric_buffer(question_sha(QUESTION)) is None
     assert feedback_rubric.id not in answer_scores(elsewhere)
     assert summary.judgements[elsewhere].scaffold["offline"]["answer"]["rubric_source"] != "persistent"
     assert log.load_rubric_buffer(question_sha(OTHER_QUESTION)) is None
     log.close()
+
+
+def test_one_persons_note_judges_only_their_own_sessions_of_the_question(tmp_path: Path) -> None:
+    """Issue 34: alice's note on her answer becomes a rubric for her later sessions of the question, never for bob's
+    (before, it scored everyone's sessions of the question and was saved in its shared buffer)."""
+    log = SessionLog(tmp_path / "rubricem.sqlite3")
+    with acting_as("alice"):
+        earlier = store(log, trajectory("a-earlier", answer=LATIN))
+        ScopedStore(log, Viewer("alice")).add_feedback(earlier, "down", NOTE)
+        hers = store(log, trajectory("a-later", answer=LATIN + " Haymo of Faversham died in 1244."))
+    with acting_as("bob"):
+        bobs = store(log, trajectory("b-1", answer=LATIN + " Haymo of Faversham died in 1244."))
+        bobs_too = store(log, trajectory("b-2", answer=LATIN))
+    (note_rubric,) = feedback_rubrics(log.feedback(earlier))
+
+    summary = asyncio.run(judge_pending(log, OfflineJudge(log)))
+    assert (summary.judged, summary.failed) == (4, 0)
+
+    def answer_rubrics(sid: str) -> set[str]:
+        (j,) = log.judgements(sid)
+        return {s["rubric_id"] for s in j.payload["stages"]["answer"]["rubric_scores"]}
+
+    assert note_rubric.id in answer_rubrics(hers) and note_rubric.id in answer_rubrics(earlier)
+    assert note_rubric.id not in answer_rubrics(bobs) and note_rubric.id not in answer_rubrics(bobs_too)
+    assert all(NOTE not in json.dumps(j.payload) for sid in (bobs, bobs_too) for j in log.judgements(sid))
+    assert log.load_rubric_buffer(question_sha(QUESTION)) is None  # nothing of hers was saved for the question
+    log.close()
+
+
+def test_the_store_and_the_judge_agree_on_the_feedback_rubric_title() -> None:
+    """A deletion strips rubrics made from notes out of buffers saved before issue 34 by this title."""
+    assert FEEDBACK_TITLE_PREFIX == FEEDBACK_RUBRIC_TITLE
+    assert feedback_rubrics([fb("It never says when Haymo died.")])[0].title.startswith(FEEDBACK_RUBRIC_TITLE)

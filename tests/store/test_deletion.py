@@ -13,12 +13,14 @@ import pytest
 from store import PromptRecord, SessionLog, Snippet, ToolCallRecord, Turn
 from store.config import StoreConfig
 from store.deletion import (
+    FEEDBACK_RUBRIC_TITLE,
     delete_user_data,
     deletions,
     resume_deletions,
     subject_sha,
     versions_trained_on_deleted_data,
 )
+from store.people import own_feedback
 from store.records import BankItem, question_sha
 from store.registry import Registry
 from store.rubric_bank import RubricBank
@@ -181,3 +183,38 @@ def test_bank_items_left_after_the_commit_are_removed_by_a_retry(store_target: S
         assert bank.delete_derived([sid], [item]) == 0
         assert cells_containing(store_target, (SECRET, sid)) == []
         assert datetime.fromisoformat(deletions(log)[0].created_at) <= datetime.now(UTC)
+
+
+def legacy_buffer(question: str, notes: list[str]) -> dict:  # type: ignore[type-arg]
+    """A buffer payload as the judge saved it before issue 34 (learning.judge.buffer, format 1): a ground-truth
+    rubric, the notes' rubrics (store.deletion.FEEDBACK_RUBRIC_TITLE) and an active plan rubric."""
+    def rubric(rid: str, title: str) -> dict:  # type: ignore[type-arg]
+        return {"id": rid, "stage": "answer", "title": title, "description": title, "weight": 2,
+                "polarity": "positive", "persistent": True}
+    return {"format": 1, "question": question,
+            "persistent": [rubric("p4-truth", "Names the founder")]
+            + [rubric(f"p4-note{i}", FEEDBACK_RUBRIC_TITLE + n) for i, n in enumerate(notes)],
+            "active": {"plan": [rubric("s1-plan", "Plans a search") | {"stage": "plan", "persistent": False}],
+                       "research": [], "review": [], "answer": []},
+            "retired": []}
+
+
+def test_their_notes_leave_a_buffer_of_a_question_they_did_not_ask_and_the_rest_stays(
+        store_target: StoreTarget) -> None:
+    with store_target.open() as log:
+        Users(log).add("alice", password="alice's password", role="admin")
+        bob = full_session(log, "bob", "who founded the order?")
+        log.add_feedback(bob, "down", f"alice's note {SECRET}", owner="alice")  # an admin's note on bob's session
+        log.save_rubric_buffer(question_sha("who founded the order?"), "who founded the order?",
+                               legacy_buffer("who founded the order?", [f"alice's note {SECRET}", "missing who"]))
+
+        result = delete_user_data(log, "alice", requested_by="root")
+
+        assert result.counts["rubric_buffers"] == 0 and result.counts["rubric_buffers_rewritten"] == 1
+        payload, _version = log.load_rubric_buffer(question_sha("who founded the order?"))  # type: ignore[misc]
+        assert [r["title"] for r in payload["persistent"]] == ["Names the founder"]
+        assert [r["id"] for r in payload["active"]["plan"]] == ["s1-plan"]
+        assert cells_containing(store_target, (SECRET,)) == []
+        # Bob's own note stays where it lives now, the feedback table, and keeps judging his sessions of it.
+        notes = own_feedback(log, "who founded the order?", "bob")
+        assert [f.note for f in notes] == ["missing who founded the order?"]

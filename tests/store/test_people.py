@@ -81,6 +81,27 @@ def test_accounts_hash_passwords_and_refuse_bad_input(store_target: StoreTarget)
         assert users.find("alice") is None and users.verify_password("alice", "correct horse") is None
 
 
+def test_no_other_login_lands_on_a_password_account(store_target: StoreTarget) -> None:
+    """Issue 34: an account named like an e-mail could be reached by an OIDC login with that address (ensure kept the
+    account and handed over its sessions). Names with '@' or ':' and the name 'local' are refused; ensure() never
+    lands on a password account, whatever kind asks."""
+    with store_target.open() as log:
+        users = Users(log)
+        for name in ("mallory@example.org", "shared:user", "oidc:abc:1", "local"):
+            with pytest.raises(InvalidInput, match="no '@'"):
+                users.add(name, password="a long password")
+        assert users.list() == []
+        bob = users.add("bob", password="bob's password")
+        for kind in ("oidc", "local"):
+            with pytest.raises(UserError, match="'bob' is a password account"):
+                users.ensure("bob", kind=kind, role="admin")  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput, match="password accounts come from"):
+            users.ensure("eve", kind="password", role="user")
+        assert users.get("bob") == bob and users.verify_password("bob", "bob's password") == bob
+        assert users.ensure("shared:user", kind="local", role="user").kind == "local"
+        assert users.ensure("shared:user", kind="local", role="admin").role == "admin"  # the role follows settings
+
+
 def test_a_person_sees_only_their_own_sessions_and_another_id_reads_as_missing(store_target: StoreTarget) -> None:
     with store_target.open() as log:
         a1 = completed(log, "alice's first question?", "alice")

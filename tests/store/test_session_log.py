@@ -622,6 +622,44 @@ def test_mark_stale_running_failed_uses_last_write(log: SessionLog, clock: Clock
     assert log.mark_stale_running_failed(timedelta(0)) == 1
 
 
+def test_a_lease_is_renewed_by_its_holder_only_and_lapses_into_interrupted_or_failed(
+        log: SessionLog, clock: Clock) -> None:
+    """Issue 34: the process running a session holds its lease; another owner cannot renew or take it while it is
+    live; once it lapses the session shows as interrupted, and the sweep fails it unless it was checkpointed."""
+    from store.session_log import DEFAULT_LEASE_S, process_lease_owner
+    from store.session_log.checkpoints import SessionRuns
+
+    plain, durable, paused = new_session(log), new_session(log), new_session(log)
+    runs = SessionRuns(log)
+    runs.start(durable, durable)
+    runs.start(paused, paused)
+    runs.set_state(paused, "awaiting_approval", pause={"kind": "plan"}, expires_at="2031-01-01T00:00:00+00:00")
+    lease = log.lease(plain)
+    assert lease.owner == process_lease_owner() and lease.live(clock())
+    assert lease.expires_in_s(clock()) == DEFAULT_LEASE_S
+    assert not log.renew_lease(plain, 30, owner="other-host:1:x")  # live and someone else's
+    assert log.renew_lease(plain, 30) and log.lease(plain).expires_in_s(clock()) == 30
+    clock.advance(seconds=20)
+    assert log.renew_lease(plain, 30)  # the heartbeat
+    clock.advance(seconds=29)
+    assert not runs.claim(runs.get(durable))  # type: ignore[arg-type]  # live: a resume cannot take it
+    assert log.sweep_expired_leases().failed == () and not any(s.interrupted for s in log.list_sessions())
+    log.release_lease(paused)  # a paused session waits for its answer, held by no process
+    clock.advance(seconds=DEFAULT_LEASE_S)
+    shown = {s.session_id: s.shown_status for s in log.list_sessions()}
+    assert shown == {plain: "interrupted", durable: "interrupted", paused: "running"}
+    assert log.interrupted(plain) and not log.interrupted(paused)
+    swept = log.sweep_expired_leases()
+    assert swept.failed == (plain,) and swept.interrupted == (durable,)
+    gone = log.get(plain)
+    assert gone.status == "failed" and "was not checkpointed, so it cannot be resumed" in (gone.error or "")
+    assert gone.metrics == {"interrupted": "lease_expired"}
+    assert log.get(durable).status == "running" and log.get(paused).status == "running"
+    assert runs.claim(runs.get(durable), lease_s=60, owner="resumer:2:y")  # type: ignore[arg-type]
+    assert log.lease(durable).owner == "resumer:2:y" and not log.interrupted(durable)
+    assert not log.renew_lease(durable, 30)  # the old holder's heartbeat no longer renews it
+
+
 # --- crash safety and concurrency ------------------------------------------------------------------------------------
 
 _CRASHING_WRITER = """

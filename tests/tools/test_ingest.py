@@ -225,3 +225,91 @@ def test_demo_corpus_attribution_is_bundled() -> None:
     text = (DEMO_CORPUS_DIR / "ATTRIBUTION.md").read_text(encoding="utf-8")
     for needle in ("CC BY-SA 4.0", "CC BY 4.0", "Apache-2.0", "MIT", "OSU-NLP-Group/HippoRAG"):
         assert needle in text
+
+
+# ---- caps (issue 34): a small PDF must not cost unbounded pages, text or memory ---------------------------------
+
+
+def bomb_pdf(pages: int, text: bytes, repeat: int) -> bytes:
+    """A hand-built PDF: `pages` page entries (all one page object, so the file stays tiny) whose content stream,
+    FlateDecode-compressed, shows `text` `repeat` times: a few kilobytes on disk, as much text as asked."""
+    import zlib
+
+    stream = zlib.compress(b"BT /F1 11 Tf 72 740 Td 14 TL\n" + (b"(" + text + b") Tj T*\n") * repeat + b"ET", 9)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [" + b" ".join([b"3 0 R"] * pages) + b"] /Count %d >>" % pages,
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % off for off in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)
+
+
+def test_a_pdf_with_more_pages_than_the_cap_is_refused_before_any_text_is_extracted(tmp_path: Path) -> None:
+    from agent.ingest import IngestLimits
+
+    path = write(tmp_path / "pages.pdf", bomb_pdf(5_000, b"Okapis live in the Ituri rainforest.", 1))
+    assert path.stat().st_size < 100_000
+    with pytest.raises(IngestError, match=r"pages.pdf: the PDF has 5,000 pages; the limit is 500: split it"):
+        load_documents(path)  # the default cap
+    small = write(tmp_path / "few.pdf", bomb_pdf(3, b"Okapis live in the Ituri rainforest.", 1))
+    with pytest.raises(IngestError, match="has 3 pages; the limit is 2"):
+        load_documents(small, IngestLimits(pdf_max_pages=2))
+    assert "Ituri" in load_documents(small, IngestLimits(pdf_max_pages=3))[0].text
+
+
+def test_a_compressed_pdf_bomb_is_refused_by_its_text_cap(tmp_path: Path) -> None:
+    from agent.ingest import IngestLimits
+
+    path = write(tmp_path / "bomb.pdf", bomb_pdf(1, b"okapi " * 100, 40_000))  # 24 MB of text in a few KB
+    assert path.stat().st_size < 200_000
+    with pytest.raises(IngestError, match="more than 5,000,000 characters of text .*PDF bomb.*split it"):
+        load_documents(path)
+    with pytest.raises(IngestError, match="more than 1,000 characters"):
+        load_documents(write(tmp_path / "b2.pdf", bomb_pdf(1, b"okapi " * 100, 10)),
+                       IngestLimits(pdf_max_text_chars=1000))
+
+
+def test_a_pdf_over_its_size_cap_is_refused_unread(tmp_path: Path) -> None:
+    from agent.ingest import IngestLimits
+
+    path = write(tmp_path / "big.pdf", make_pdf(["Okapis live in the Ituri rainforest."], "Okapi"))
+    with pytest.raises(IngestError, match=r"big.pdf: file is too large \(\d+ bytes; limit 100\): split it"):
+        load_documents(path, IngestLimits(pdf_max_bytes=100))
+
+
+def test_uploads_are_copied_in_pieces_under_a_size_cap_and_a_pdf_bomb_upload_is_refused_whole(
+        tmp_path: Path, index: DocIndex) -> None:
+    import io
+
+    from app.settings import UploadsConfig
+    from app.uploads import ingest_uploads, upload_limits
+
+    uploads = tmp_path / "uploads"
+    limits = upload_limits(UploadsConfig(max_file_bytes=1_000_000))
+    before = index.count()
+    big = io.BytesIO(b"okapi " * 400_000)  # 2.4 MB, as Streamlit hands it over (a file object, read in pieces)
+    with pytest.raises(IngestError, match=r"big.txt: the file is too large \(over the upload limit of 1,000,000 "
+                                          r"bytes\): split it"):
+        ingest_uploads([("big.txt", big)], uploads, index, limits=limits)
+    with pytest.raises(IngestError, match=r"raw.txt: the file is too large \(2,400,000 bytes; the upload limit"):
+        ingest_uploads([("raw.txt", b"okapi " * 400_000)], uploads, index, limits=limits)
+    bomb = io.BytesIO(bomb_pdf(5_000, b"Okapis live in the Ituri rainforest.", 1))
+    with pytest.raises(IngestError, match="the PDF has 5,000 pages; the limit is 500"):
+        ingest_uploads([("notes.md", io.BytesIO(b"# Okapi\n\nOkapis eat leaves.\n")), ("bomb.pdf", bomb)], uploads,
+                       index, limits=limits)
+    assert index.count() == before and not uploads.exists()  # nothing written, nothing kept
+    result = ingest_uploads([("notes.md", io.BytesIO(b"# Okapi\n\nOkapis eat leaves.\n"))], uploads, index,
+                            limits=limits)
+    assert result.files == ("notes.md",) and (uploads / "notes.md").read_bytes() == b"# Okapi\n\nOkapis eat leaves.\n"

@@ -162,6 +162,41 @@ def test_a_server_that_is_down_at_start_is_left_out_with_a_warning() -> None:
     assert "not offered" in said[0] and SECRET not in said[0] and "127.0.0.1" not in said[0]
 
 
+# ---- only read-only tools are offered (issue 34, finding 3) --------------------------------------------------------
+
+
+def test_only_read_only_mcp_tools_are_offered_and_a_call_to_another_is_refused(tmp_path: Path) -> None:
+    """`delete_record` has a side effect (it writes the journal) and is not annotated read-only: with no allow-list it
+    is not offered, a call to it is refused as a tool error, and the journal is never written. The server's
+    `allow_side_effects` offers it."""
+    journal = tmp_path / "journal.txt"
+    cfg = stdio(None, "--journal", str(journal))
+    said: list[str] = []
+    tools = asyncio.run(discover([cfg], {"local_search"}, say=said.append))
+    assert "lookup" in tools and "delete_record" not in tools
+    assert any("'delete_record' is not offered" in m and "allow_side_effects" in m for m in said)
+
+    outcome, _ = research(dict(tools), "delete_record", tmp_path)
+    call = outcome.trajectory.tool_calls[0]
+    assert call.snippets == () and call.error is not None and "unknown tool 'delete_record' (not offered" in call.error
+    assert "delete_record" not in outcome.trajectory.prompt.text  # never listed to the model
+    # A tool built for it anyway refuses before the server is contacted.
+    from agent.tools.mcp_client import list_server_tools
+
+    spec = next(s for s in asyncio.run(list_server_tools(cfg)) if s.remote_name == "delete_record")
+    assert not spec.read_only
+    with pytest.raises(McpToolError, match="refused: the tool may change things.*allow_side_effects"):
+        asyncio.run(McpTool(spec, cfg)("r1", {}, "0000000a"))
+    assert not journal.exists()
+
+    allowed = stdio(None, "--journal", str(journal), allow_side_effects=["delete_record"])
+    granted = asyncio.run(discover([allowed], {"local_search"}))
+    assert [s.text for s in asyncio.run(granted["delete_record"]("r2", {}, "0000000b"))] == ["deleted r2"]
+    assert journal.read_text() == "r2\n"
+    with pytest.raises(ValueError, match="allow_side_effects names 'delete_record', which its `tools` allow-list"):
+        McpServerConfig(name="x", command="y", tools=["lookup"], allow_side_effects=["delete_record"])
+
+
 # ---- huge, binary, malformed and hostile content -------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from app.container import Services, open_bank
 from app.service import ResearchService
 from app.settings import Settings, UIConfig
 from app.ui import state
+from app.ui.view import md_literal
 from store.config import StoreConfig
 from store.embeddings import embed_texts
 from store.registry import Registry
@@ -103,8 +104,8 @@ def test_ask_follow_up_feedback_and_history(make_services: object) -> None:
     threads = ChatThreads(svc.log)
     thread = threads.thread_of(first.session_id)
     assert thread is not None and threads.sessions(thread) == [first.session_id, follow.session_id]
-    assert [m.markdown[0].value for m in at.chat_message if m.name == "user"] == [
-        "Who was Haymo of Faversham?", "Which order did he belong to?"]
+    assert [m.markdown[0].value for m in at.chat_message if m.name == "user"] == [  # shown literally (issue 34)
+        md_literal("Who was Haymo of Faversham?"), md_literal("Which order did he belong to?")]
 
     # history: a fresh visitor reopens the whole thread from the sidebar
     again = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
@@ -124,18 +125,18 @@ def test_budgets_and_backends_come_from_the_sidebar(make_services: object) -> No
 
 
 def test_exposed_ui_requires_the_password_and_roles_gate_retraining(make_services: object) -> None:
-    make_services(UIConfig(host="0.0.0.0", password=SecretStr("user-pw"),  # type: ignore[operator]
-                           admin_password=SecretStr("admin-pw")))
+    make_services(UIConfig(host="0.0.0.0", password=SecretStr("user-password"),  # type: ignore[operator]
+                           admin_password=SecretStr("admin-password")))
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
     assert [s.value for s in at.subheader] == ["Log in"] and not at.chat_input
     assert [t.label for t in at.text_input] == ["Name", "Password"]
     at.text_input[1].input("guess")
     at.button[0].click().run()
     assert any("Wrong name or password" in e.value for e in at.error) and not at.chat_input
-    at.text_input[1].input("user-pw")  # no name: the shared password, a one-user shortcut (the local user)
+    at.text_input[1].input("user-password")  # no name: the shared password, a one-person shortcut (shared:user)
     at.button[0].click().run()
-    assert at.session_state["role"] == "user" and at.session_state["user_id"] == "local" and at.chat_input
-    assert "user-pw" not in repr(at.session_state)  # only the user id and role are kept
+    assert at.session_state["role"] == "user" and at.session_state["user_id"] == "shared:user" and at.chat_input
+    assert "user-password" not in repr(at.session_state)  # only the user id and role are kept
 
     learning = AppTest.from_function(_learning_script, default_timeout=TIMEOUT)
     learning.session_state["role"] = "user"

