@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -216,29 +217,55 @@ def test_a_second_concurrent_resume_is_refused(tmp_path: Path) -> None:
     assert runs.claim(seen) is False
     runs.set_state(sid, "awaiting_approval", pause=seen.pause, expires_at=seen.expires_at)
 
-    # Through the service: two resumers race on the same paused session (two services, two threads, released
-    # together). Exactly one runs it to the end; the other is refused with a resume error and changes nothing.
+    # Through the service: two resumers race on the same paused session (two services, two threads). No luck: the
+    # test holds the database's write lock while both start, so both read the paused row and then queue on the lock
+    # inside `claim` (seen on their stacks); only then is the lock released. Exactly one runs it to the end; the
+    # other is refused for the race itself (never "not waiting", which a resume after the first one ended would get)
+    # and changes nothing.
+    import sqlite3
+    import sys
     import threading
+    import time
+
+    def in_claim(thread: threading.Thread) -> bool:
+        frame = sys._current_frames().get(thread.ident or -1)
+        while frame is not None:
+            if frame.f_code.co_name == "claim" and frame.f_code.co_filename.endswith("checkpoints.py"):
+                return True
+            frame = frame.f_back
+        return False
 
     racers = [service(tmp_path, clarify=False), service(tmp_path, clarify=False)]
-    gate = threading.Barrier(len(racers))
     results: list[object] = [None] * len(racers)
 
     def race(i: int) -> None:
-        gate.wait()
         try:
             results[i] = asyncio.run(racers[i].resume(sid, PlanDecision("accept")))
         except ResumeError as exc:
             results[i] = exc
 
     threads = [threading.Thread(target=race, args=(i,)) for i in range(len(racers))]
-    for t in threads:
-        t.start()
+    assert svc.log.path is not None
+    blocker = sqlite3.connect(svc.log.path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while not all(in_claim(t) for t in threads):  # polling an observable state, not sleeping on a guess
+            assert time.monotonic() < deadline, "the two resumers never both reached the claim"
+            assert all(t.is_alive() for t in threads), results
+            time.sleep(0.01)
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
     for t in threads:
         t.join(timeout=120)
     done = [r for r in results if isinstance(r, ResearchOutcome)]
     refused = [r for r in results if isinstance(r, ResumeError)]
     assert len(done) == 1 and len(refused) == 1, results
+    assert re.search(r"already being resumed by another request|is running in another process", str(refused[0])), \
+        refused[0]
     assert svc.log.get(sid).status == "completed"
     # Each turn once: the same turns as one uncontested pause-and-accept of the same scripted session.
     solo = service(tmp_path / "solo", clarify=False)
