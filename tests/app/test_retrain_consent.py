@@ -34,7 +34,8 @@ def test_a_cycle_trains_only_on_the_consenting_persons_sessions(smollm2_dir: Pat
     probes = tmp_path / "probes.txt"
     probes.write_text("Who was Haymo of Faversham?\n")
     retrain = RetrainConfig(steps=1, rollouts=2, batch_questions=1, max_token_caps=16, probe_questions=probes,
-                            probe_samples=1, tolerance=1.0, min_new_sessions=2, unload_grace_s=0)
+                            probe_samples=1, tolerance=1.0,  # who is learned from is under test, not the gate
+                            min_new_sessions=2, unload_grace_s=0)
     settings = Settings(agent=AgentConfig(embedded_model_path=smollm2_dir, defaults=SMALL),
                         store=StoreConfig(data_dir=tmp_path / "data"), learning=LearningConfig(retrain=retrain))
     log = SessionLog(settings.store.sqlite_path)
@@ -64,7 +65,7 @@ def test_a_cycle_trains_only_on_the_consenting_persons_sessions(smollm2_dir: Pat
     reg = Registry(log)
     # Tolerance 1.0 (the test is about whose sessions are used, not the decision): the gate still decides from the
     # scores it recorded, and the decision is exactly the one those scores give.
-    assert_gate_decided(reg, cycle, tolerance=1.0)
+    assert_gate_decided(reg, cycle, tolerance=1.0)  # the wide tolerance above, checked against the scores
     window = reg.sessions_in_window(cycle.window_start, cycle.window_end)
     assert sorted(window) == sorted(s for s, who in owners.items() if who == "yes@example.org")
     trained_on = [json.loads(line)["question"] for line in

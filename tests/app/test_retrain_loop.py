@@ -29,7 +29,8 @@ def _settings(tmp_path: Path, smollm2_dir: Path, probes: Path) -> Settings:
     runs with tolerance 1.0 (the flow under test is promote → serve → reject → rollback); the gate's decision on real,
     measurably different versions at the default tolerance is test_the_real_gate_promotes_a_better_candidate_...."""
     retrain = RetrainConfig(steps=1, rollouts=2, batch_questions=1, max_token_caps=16, probe_questions=probes,
-                            probe_samples=1, tolerance=1.0, min_new_sessions=2, unload_grace_s=0)
+                            probe_samples=1, tolerance=1.0,  # why: see the docstring
+                            min_new_sessions=2, unload_grace_s=0)
     return Settings(agent=AgentConfig(embedded_model_path=smollm2_dir, defaults=SMALL),
                     store=StoreConfig(data_dir=tmp_path / "data"), learning=LearningConfig(retrain=retrain))
 

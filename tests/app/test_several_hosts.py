@@ -128,7 +128,7 @@ def test_two_apps_and_a_scheduler_on_one_postgresql_store(
     done = [c for c in cycles if c.status == "promoted"]
     skipped = [c for c in cycles if c.status == "skipped"]
     assert len(done) == 1 and done[0].numbers["judged"] == 2 and done[0].numbers["new_sessions"] == 2
-    assert_gate_decided(reg, done[0], tolerance=1.0)
+    assert_gate_decided(reg, done[0], tolerance=1.0)  # one step is not measurably better: see the docstring
     assert len(skipped) == 1 and skipped[0].trigger == "scheduler"
     assert "another retraining cycle or promotion is running" in (skipped[0].error or "")
     assert reg.live().name == "policy@1"

@@ -41,7 +41,8 @@ def main() -> None:
     data = Path(tempfile.mkdtemp(prefix="cycle-bench-"))
     small = RunOptions(format="short_form", max_tool_calls=1, temperature=0.7, seed=1, wall_clock_s=600,
                        token_caps=StageTokenCaps(plan=48, research=24, review=32, answer=48), context_tokens=4096)
-    retrain = RetrainConfig(steps=args.steps, rollouts=2, batch_questions=2, max_token_caps=32, tolerance=1.0,
+    retrain = RetrainConfig(steps=args.steps, rollouts=2, batch_questions=2, max_token_caps=32,
+                            tolerance=1.0,  # a timing benchmark: every phase runs, whatever the gate would decide
                             unload_grace_s=0)
     settings = Settings(agent=AgentConfig(embedded_model_path=ensure_converted(ROOT / ".cache" / "models"),
                                           defaults=small),

@@ -1,7 +1,7 @@
 """Benchmark loaders: exact structure checks on small synthetic files written here in each benchmark's own format and
 on the shipped corpus-paired held-out questions (both always run, so a fresh clone without ../shared tests every
-loader), counts on the real shared data files (skipped without them), and clear typed errors for bad folders and
-files."""
+loader), and clear typed errors for bad folders and files. The counts on the real shared files are in
+test_shared_benchmarks.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from learning.eval.datasets import (
-    BENCHMARKS,
     DRB_DIMENSIONS,
     Criterion,
     DatasetError,
@@ -22,55 +21,6 @@ from learning.eval.datasets import (
     load_benchmark,
 )
 from tests.eval.support import HELDOUT
-
-# (benchmark, folder under shared/data, expected item count in the shared split): the only tests that skip without it
-REAL = [
-    ("hotpotqa", "wiki_multihop_corpus", 80),
-    ("musique", "wiki_multihop_corpus", 80),
-    ("hotpotqa", "hotpotqa", 400),
-    ("musique", "musique", 400),
-    ("2wikimultihopqa", "2wikimultihopqa", 400),
-    ("bamboogle", "bamboogle", 100),
-    ("simpleqa", "simpleqa", 3461),
-    ("frames", "frames", 659),
-    ("healthbench", "healthbench", 41 + 81),
-    ("deep_research_bench", "deep_research_bench", 80),
-    ("scholarqa_cs", "scholarqa_cs", 88),
-]
-
-
-@pytest.mark.may_skip("counts the shared benchmark files (../shared/data), which a clone on its own lacks and the "
-                      "project never needs; the synthetic-file tests below check every loader's structure anyway")
-@pytest.mark.parametrize(("bench", "folder", "count"), REAL)
-def test_real_benchmarks_load(shared_data: Path, bench: str, folder: str, count: int) -> None:
-    if not (shared_data / folder).is_dir():
-        pytest.skip(f"{shared_data / folder} not present")
-    items = load_benchmark(bench, shared_data / folder)
-    assert len(items) == count
-    assert len({i.id for i in items}) == count
-    assert all(i.question for i in items)
-    kind = BENCHMARKS[bench].kind
-    if kind == "short_form":
-        assert all(i.format == "exact_answer" and i.answers for i in items)
-    elif kind == "scholarqa_cs":
-        assert all(i.format == "long_form" and i.criteria for i in items)
-    else:
-        assert all(i.format == "short_form" and i.criteria for i in items)
-    assert load_benchmark(bench, shared_data / folder, limit=3) == items[:3]
-    # What only the real files show (the synthetic tests below pin the exact shapes on a fresh clone):
-    if folder == "wiki_multihop_corpus":  # the shipped held-out split copies these records as they are
-        assert items[0] == load_benchmark(bench, HELDOUT, limit=1)[0]
-    elif bench == "healthbench":
-        assert any(len(i.metadata["messages"]) > 1 for i in items)
-        assert any(c.weight < 0 for i in items for c in i.criteria)
-        assert len({i.metadata["prompt_id"] for i in items}) < len(items)  # prompt_ids shared across files stay apart
-    elif bench == "deep_research_bench":
-        assert all(sum(i.metadata["dimension_weight"].values()) == pytest.approx(1.0) for i in items)
-        assert items[0].reference and items[0].metadata["reference_source"].startswith("baseline_claude")
-    elif bench == "scholarqa_cs":
-        assert {c.group for c in items[0].criteria} == {"must_have", "nice_to_have"}
-        assert all(c.evidence for c in items[0].criteria)
-
 
 # ------------------------------------------------------------------------------ always run: shipped and synthetic files
 
