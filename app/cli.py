@@ -89,16 +89,22 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from agent.ingest import ingest, load_documents
+    from dataclasses import replace
+
+    from agent.ingest import IngestLimits, ingest, load_documents
     from app.container import open_index
+    from app.uploads import upload_limits
 
     settings = Settings()
     progress = Progress()
     path = Path(args.path)
-    docs = load_documents(path)  # every file is read (and refused) before the index is touched
+    # The PDF caps of RUBRICEM_UPLOADS__* hold here too (a PDF bomb is one whoever hands it over); the per-file size
+    # cap of chat uploads does not: the operator's own corpus files may be large.
+    limits = replace(upload_limits(settings.uploads), max_file_bytes=IngestLimits().max_file_bytes)
+    docs = load_documents(path, limits)  # every file is read (and refused) before the index is touched
     progress.say(f"read {len(docs):,} chunks from {path}")
     index = open_index(settings)
-    result = ingest(path, index, progress=progress.bar)
+    result = ingest(path, index, progress=progress.bar, limits=limits)
     progress.say(f"indexed {result.chunks:,} chunks from {len(result.sources)} file(s); index holds {index.count():,}")
     return 0
 

@@ -41,7 +41,7 @@ from app import events as ev
 from app.container import Services
 from app.service import RunFailedError
 from store.errors import SessionNotFound
-from store.owner import acting_as
+from store.owner import MCP, acting_as
 from store.people import ScopedStore, Viewer
 from store.records import SessionRecord, Snippet
 from store.rubric_bank import WITHHELD_QUESTION
@@ -57,7 +57,7 @@ INSTRUCTIONS = (
 )
 
 
-MCP_OWNER = "mcp"  # the default identity of MCP callers: not `local`, which owns the CLI's (and open UI's) sessions
+MCP_OWNER = MCP  # the default identity of MCP callers: not `local`, which owns the CLI's (and open UI's) sessions
 MIN_TOKEN_CHARS = 32  # a shared secret short enough to guess or brute-force is no lock
 OPEN_HOSTS = ("127.0.0.1", "localhost", "::1")  # the exact binds that may serve HTTP without a token
 WILDCARD_HOSTS = ("0.0.0.0", "::")  # every interface: the Host header clients send cannot be derived from these
@@ -292,8 +292,9 @@ def transport_security(host: str, port: int, extra_hosts: Sequence[str] = ()) ->
             '"10.0.0.5"]), or bind one address.')
     names = list(OPEN_HOSTS) if bind in OPEN_HOSTS else ([] if bind in WILDCARD_HOSTS else [bind])
     hosts: list[str] = []
-    for name in [*names, *(h.strip().lower() for h in extra_hosts if h.strip())]:
-        entry = _host_header(name, port)
+    extra = [h.strip().lower() for h in extra_hosts if h.strip()]
+    # A listed name is allowed as written too: behind a TLS proxy the Host header is the bare public name.
+    for entry in [*(_host_header(n, port) for n in [*names, *extra]), *extra]:
         if entry not in hosts:
             hosts.append(entry)
     origins = [f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")]
@@ -424,17 +425,23 @@ def build_server(
         min_similarity: Annotated[float, Field(ge=0.0, le=1.0, description="Cosine similarity floor, 0 to 1.")] = 0.0,
     ) -> BankSearchResult:
         """Search the rubric bank: reflections (rubrics and takeaways) the agent wrote on earlier, judged questions,
-        most similar question first. The question text is shown only for this server's own sessions; others'
-        questions are withheld."""
+        most similar question first. The question text (and when it was written) is shown only for this server's
+        own sessions; others' are withheld, and their reflections on (nearly) the query itself are left out."""
         if not query.strip():
             raise ToolError("the query is empty")
         hits = await asyncio.to_thread(services.bank.search, query, k)
-        return BankSearchResult(hits=[
-            BankHit(id=h.item.id, question=h.item.question if _owns(h.item.session_id) else WITHHELD_QUESTION,
-                    similarity=round(h.similarity, 4), score=h.item.score, rubrics=h.item.rubrics,
-                    takeaways=h.item.takeaways, created_at=h.item.created_at)
-            for h in hits if h.similarity >= min_similarity
-        ])
+        same = services.bank.config.dedup_similarity  # the bank's own "the same question in other words"
+        out: list[BankHit] = []
+        for h in hits:
+            own = _owns(h.item.session_id)
+            # Someone else's reflection on (nearly) this very question would tell the caller that it was asked, and
+            # when: it is left out, as the agent's own retrieval leaves it out (store/rubric_bank.py).
+            if h.similarity < min_similarity or (not own and h.similarity >= same):
+                continue
+            out.append(BankHit(id=h.item.id, question=h.item.question if own else WITHHELD_QUESTION,
+                               similarity=round(h.similarity, 4), score=h.item.score, rubrics=h.item.rubrics,
+                               takeaways=h.item.takeaways, created_at=h.item.created_at if own else ""))
+        return BankSearchResult(hits=out)
 
     @app.tool(annotations=ToolAnnotations(read_only_hint=True))
     async def get_session(session_id: str, include_turns: bool = False) -> SessionResult:

@@ -13,6 +13,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 LOCAL = "local"  # the CLI, and the open UI on loopback
+MCP = "mcp"  # the MCP server's callers by default (RUBRICEM_MCP__OWNER); no password account may take it
 
 
 @dataclass(frozen=True, slots=True)

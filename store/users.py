@@ -14,7 +14,7 @@ from typing import Literal
 import bcrypt
 
 from store.errors import InvalidInput, StoreError
-from store.owner import LOCAL
+from store.owner import LOCAL, MCP
 from store.session_log import SessionLog
 
 UserKind = Literal["password", "oidc", "local"]
@@ -106,11 +106,11 @@ class Users:
         uid = check_user_id(user_id)
         if kind not in ("password", "oidc", "local") or role not in ("user", "admin"):
             raise InvalidInput("kind must be password, oidc or local; role user or admin")
-        if kind == "password" and (password is None or not _ACCOUNT_NAME.match(uid) or uid == LOCAL):
+        if kind == "password" and (password is None or not _ACCOUNT_NAME.match(uid) or uid in (LOCAL, MCP)):
             raise InvalidInput(
-                "a password account needs a password and a name of letters, digits and ._+- other than 'local' (no "
-                "'@': e-mail addresses are OIDC logins, so a password account can never stand in for one; pick a "
-                "plain name such as 'alice')")
+                "a password account needs a password and a name of letters, digits and ._+- other than 'local' and "
+                "'mcp' (no '@': e-mail addresses are OIDC logins, so a password account can never stand in for one; "
+                "pick a plain name such as 'alice')")
         if kind != "password" and password is not None:
             raise InvalidInput(f"a {kind} identity has no password")
         hashed = hash_password(password) if password is not None else None

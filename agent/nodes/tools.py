@@ -17,7 +17,7 @@ from agent.parse import ParsedCall
 from agent.sequence import SequenceWriter
 from agent.state import ResearchState
 from agent.tools.names import resolve_tool_name
-from agent.tools.scope import UrlScoped, browse_refusal, seen_urls
+from agent.tools.scope import UrlScoped, approved_url, browse_refusal, seen_urls
 from store.records import Snippet, ToolCallRecord
 
 MAX_QUERY_CHARS = 2000
@@ -49,13 +49,15 @@ async def _execute(
     if len(call.query) > MAX_QUERY_CHARS:
         return name, (), f"query too long ({len(call.query)} characters, at most {MAX_QUERY_CHARS})"
     tool = deps.tools[name]
+    query = call.query
     if isinstance(tool, UrlScoped) and tool.url_scope == "seen":
-        refusal = browse_refusal(call.query, seen_urls(state.get("question", ""), state.get("tool_calls", [])))
+        refusal = browse_refusal(query, seen_urls(state.get("question", ""), state.get("tool_calls", [])))
         if refusal is not None:
             return name, (), refusal
+        query = approved_url(query) or query  # exactly what was compared: no suffix rides along
     timeout = max(1.0, min(deps.remaining(), 120.0))
     try:
-        found = await asyncio.wait_for(tool(call.query, call.attrs, deps.call_ids()), timeout=timeout)
+        found = await asyncio.wait_for(tool(query, call.attrs, deps.call_ids()), timeout=timeout)
     except ToolError as exc:
         return name, (), str(exc) or type(exc).__name__
     except TimeoutError:

@@ -58,6 +58,21 @@ def url_key(text: str) -> tuple[str, str, str] | None:
     return where, parts.path.rstrip("/"), parts.query
 
 
+def approved_url(text: str) -> str | None:
+    """The URL that is fetched once `text` passed the "seen" check: rebuilt from the very parts the check compared
+    (host, port, path, query), so nothing the comparison ignored (trailing punctuation, entities, extra slashes, a
+    fragment) can ride along to the server. None when `text` names no host."""
+    key = url_key(text)
+    if key is None:
+        return None
+    where, path, query = key
+    value = html.unescape(text.strip().strip("<>\"'` ")).rstrip(_TRAILING)
+    scheme = urlsplit(value).scheme.lower() if "://" in value else "https"
+    slash = "/" if urlsplit(value if "://" in value else "https://" + value).path.endswith("/") else ""
+    scheme = scheme if scheme in ("http", "https") else "https"
+    return f"{scheme}://{where}{path}{slash}" + (f"?{query}" if query else "")
+
+
 def urls_in(texts: Iterable[str]) -> frozenset[tuple[str, str, str]]:
     """The keys of every URL written in `texts`."""
     keys = set()

@@ -634,7 +634,8 @@ class SessionsMixin(SessionLogBase):
         ]
 
     def interrupted(self, session_id: str) -> bool:
-        """Whether a session is running, not paused, and its lease has expired (shown as "interrupted").
+        """Whether a session is running a checkpointed run whose lease has expired (shown as "interrupted", and
+        offered for resume).
 
         Raises:
             SessionNotFound: Unknown id.
@@ -649,4 +650,6 @@ class SessionsMixin(SessionLogBase):
 
 
 def _interrupted(status: str, lease_until: str | None, run_state: str | None, now: str) -> bool:
-    return status == "running" and run_state != "awaiting_approval" and (lease_until is None or lease_until <= now)
+    """Interrupted means resumable: a checkpointed run ('active') whose lease lapsed. A running session without a
+    checkpointed run cannot go on; the next crash sweep marks it failed, so it is never offered for resume."""
+    return status == "running" and run_state == "active" and (lease_until is None or lease_until <= now)

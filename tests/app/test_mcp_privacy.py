@@ -203,14 +203,19 @@ def test_get_session_opens_only_the_mcp_identitys_sessions(served: Served) -> No
 
 
 def test_search_bank_withholds_other_peoples_questions(served: Served) -> None:
-    (found,) = asyncio.run(_calls(served.url, [("search_bank", {"query": ALICE_Q, "k": 10})]))
-    assert not found.is_error, _text(found)
-    hits = {h["rubrics"]: h for h in found.structured_content["hits"]}
+    broad, exact = asyncio.run(_calls(served.url, [("search_bank", {"query": "a river in Kent", "k": 10}),
+                                                   ("search_bank", {"query": ALICE_Q, "k": 10})]))
+    assert not broad.is_error, _text(broad)
+    hits = {h["rubrics"]: h for h in broad.structured_content["hits"]}
     assert set(hits) == {"RUBRIC-alice", "RUBRIC-local", "RUBRIC-mcp"}  # the reflections themselves are shared
-    assert hits["RUBRIC-alice"]["question"] == WITHHELD_QUESTION
+    assert hits["RUBRIC-alice"]["question"] == WITHHELD_QUESTION and hits["RUBRIC-alice"]["created_at"] == ""
     assert hits["RUBRIC-local"]["question"] == WITHHELD_QUESTION
-    assert hits["RUBRIC-mcp"]["question"] == MCP_Q  # the MCP identity's own question is its own to see
-    assert SECRET not in _text(found)
+    assert hits["RUBRIC-mcp"]["question"] == MCP_Q and hits["RUBRIC-mcp"]["created_at"]  # its own to see
+    # Asking Alice's exact question must not reveal that she asked it: her reflection on it is left out.
+    assert not exact.is_error, _text(exact)
+    exact_hits = {h["rubrics"]: h for h in exact.structured_content["hits"]}
+    assert "RUBRIC-alice" not in exact_hits and {"RUBRIC-local", "RUBRIC-mcp"} <= set(exact_hits)
+    assert SECRET not in _text(broad) + _text(exact)
 
 
 def test_search_bank_refuses_a_large_k_and_a_negative_similarity_floor(served: Served) -> None:
@@ -295,3 +300,12 @@ def test_a_wildcard_bind_needs_the_allowed_host_names(tmp_path: Path) -> None:
     assert p.returncode == 2 and "RUBRICEM_MCP__ALLOWED_HOSTS" in p.stderr, p.stderr
     assert TOKEN not in p.stderr + p.stdout
     assert not (tmp_path / "data").exists()
+
+
+def test_a_listed_host_is_allowed_bare_for_a_proxy_and_with_the_port_for_direct_clients() -> None:
+    from app.mcp_server import transport_security
+
+    sec = transport_security("10.0.0.5", 8765, ["mcp.example.org"])
+    assert sec.enable_dns_rebinding_protection
+    assert sec.allowed_hosts == ["10.0.0.5:8765", "mcp.example.org:8765", "mcp.example.org"]
+    assert "https://mcp.example.org" in sec.allowed_origins and "http://evil.example" not in sec.allowed_origins

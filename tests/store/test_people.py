@@ -83,11 +83,11 @@ def test_accounts_hash_passwords_and_refuse_bad_input(store_target: StoreTarget)
 
 def test_no_other_login_lands_on_a_password_account(store_target: StoreTarget) -> None:
     """Issue 34: an account named like an e-mail could be reached by an OIDC login with that address (ensure kept the
-    account and handed over its sessions). Names with '@' or ':' and the name 'local' are refused; ensure() never
+    account and handed over its sessions). Names with '@' or ':' and the names 'local' and 'mcp' are refused; ensure() never
     lands on a password account, whatever kind asks."""
     with store_target.open() as log:
         users = Users(log)
-        for name in ("mallory@example.org", "shared:user", "oidc:abc:1", "local"):
+        for name in ("mallory@example.org", "shared:user", "oidc:abc:1", "local", "mcp"):
             with pytest.raises(InvalidInput, match="no '@'"):
                 users.add(name, password="a long password")
         assert users.list() == []

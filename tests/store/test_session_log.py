@@ -625,7 +625,7 @@ def test_mark_stale_running_failed_uses_last_write(log: SessionLog, clock: Clock
 def test_a_lease_is_renewed_by_its_holder_only_and_lapses_into_interrupted_or_failed(
         log: SessionLog, clock: Clock) -> None:
     """Issue 34: the process running a session holds its lease; another owner cannot renew or take it while it is
-    live; once it lapses the session shows as interrupted, and the sweep fails it unless it was checkpointed."""
+    live; once it lapses a checkpointed session shows as interrupted (resumable), and the sweep fails any other."""
     from store.session_log import DEFAULT_LEASE_S, process_lease_owner
     from store.session_log.checkpoints import SessionRuns
 
@@ -647,8 +647,9 @@ def test_a_lease_is_renewed_by_its_holder_only_and_lapses_into_interrupted_or_fa
     log.release_lease(paused)  # a paused session waits for its answer, held by no process
     clock.advance(seconds=DEFAULT_LEASE_S)
     shown = {s.session_id: s.shown_status for s in log.list_sessions()}
-    assert shown == {plain: "interrupted", durable: "interrupted", paused: "running"}
-    assert log.interrupted(plain) and not log.interrupted(paused)
+    # Interrupted means resumable: the plain session (no checkpointed run) is not offered, and the sweep fails it.
+    assert shown == {plain: "running", durable: "interrupted", paused: "running"}
+    assert log.interrupted(durable) and not log.interrupted(plain) and not log.interrupted(paused)
     swept = log.sweep_expired_leases()
     assert swept.failed == (plain,) and swept.interrupted == (durable,)
     gone = log.get(plain)

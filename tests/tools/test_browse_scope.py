@@ -104,6 +104,20 @@ def test_a_url_in_the_question_is_browsed_and_scope_any_opens_every_url(server: 
     assert "/collect" in [r.path for r in server.requests]
 
 
+def test_what_the_seen_check_ignores_never_reaches_the_server(server: LocalServer, tmp_path: Path) -> None:
+    """The check compares URLs loosely (trailing punctuation, entities, extra slashes); the fetch must then open the
+    URL it compared, or those ignored characters would carry data out one request at a time."""
+    _pages(server)
+    root = server.root
+    outcome = _run(server, tmp_path, "seen", [("browse_webpage", f"{root}/herds.,;!)]}}&#46;;"),
+                                              ("browse_webpage", f"{root}/herds////")],
+                   question=f"Summarise {root}/herds please.")
+    first, second = outcome.trajectory.tool_calls
+    assert first.error is None and "large herds" in first.snippets[0].text
+    assert second.snippets == () or second.error is None  # "/herds/" is another page; only what was sent matters
+    assert [r.path for r in server.requests] == ["/herds", "/herds/"]
+
+
 def test_seen_urls_match_as_written_in_prose_but_not_with_another_query() -> None:
     seen = urls_in(["See https://Example.org/a/ (or www.example.org/b?x=1&amp;y=2), and http://example.org:8080/c."])
     for ok in ("https://example.org/a", "example.org/a/", "http://EXAMPLE.org/a#part",
