@@ -46,6 +46,10 @@ class LeaseTiming:
             raise ValueError(f"the heartbeat ({self.heartbeat_s} s) must be shorter than the lease ({self.lease_s} s)")
 
 
+class LeaseLost(RuntimeError):
+    """Another process took this session over (our lease had lapsed): this run must stop without writing more."""
+
+
 class Heartbeat:
     """Renews one session's lease on a daemon thread while the session runs in this process.
 
@@ -80,6 +84,23 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self._stop.wait(self.timing.heartbeat_s):
             self._renew()
+
+    def check(self) -> None:
+        """The write fence, called before every turn and tool call is written: a run whose lease another process
+        now holds (it lapsed while this process was frozen or cut off from the store, and a resume took it) stops
+        here, so two processes never append to one trajectory.
+
+        Raises:
+            LeaseLost: the lease is someone else's.
+        """
+        if not self.lost:
+            owner = self.log.lease(self.session_id).owner
+            if owner is not None and owner != self.owner:
+                self.lost = True
+                _log.error("session %s was taken over by another process: this run stops writing", self.session_id)
+        if self.lost:
+            raise LeaseLost(f"session {self.session_id} was taken over by another process after this one's lease "
+                            "lapsed: this run stopped without writing more (the other process goes on with it)")
 
     def stop(self, *, release: bool = False) -> None:
         """Stop renewing; `release` also lets go of the lease at once (a paused session waits for no process)."""

@@ -35,7 +35,7 @@ from agent.run import (
 )
 from agent.tools.ids import CallIdFactory
 from app import events as ev
-from app.durable import DurableSessions, Heartbeat, LeaseTiming
+from app.durable import DurableSessions, Heartbeat, LeaseLost, LeaseTiming
 from app.outcomes import EventSink, ResearchPaused, ResearchRejected, RunFailedError  # re-exported here too
 from store.errors import StoreError
 from store.records import STAGES, PromptRecord, Retrieval, SessionSource, ToolCallRecord, Trajectory, Turn
@@ -69,14 +69,16 @@ REJECTED_ERROR = "the user rejected the plan"
 class _SessionRecorder:
     """Writes turns and tool calls through to the session log as they happen and forwards events."""
 
-    def __init__(self, log: SessionLog, session_id: str, sink: EventSink) -> None:
-        self.log, self.session_id, self.sink = log, session_id, sink
+    def __init__(self, log: SessionLog, session_id: str, sink: EventSink, fence: Callable[[], None]) -> None:
+        self.log, self.session_id, self.sink, self.fence = log, session_id, sink, fence
 
     def turn(self, turn: Turn) -> None:
+        self.fence()  # the lease is still ours (Heartbeat.check): never append to a session another process runs
         self.log.append_turn(self.session_id, turn)
         self.sink(ev.TurnWritten(turn.stage, turn.kind, turn.text))
 
     def tool_call(self, call: ToolCallRecord) -> None:
+        self.fence()
         self.log.append_tool_call(self.session_id, call)
         self.sink(ev.SourcesFound(call.tool, call.query, call.snippets, call.error))
 
@@ -293,7 +295,7 @@ class ResearchService:
             if refs.hits:
                 sink(ev.ReferencesInjected(refs.mode, tuple(
                     ev.BankReference(h.item.id, h.item.question, round(h.similarity, 4)) for h in refs.hits)))
-            deps.recorder = _SessionRecorder(self.log, sid, sink)
+            deps.recorder = _SessionRecorder(self.log, sid, sink, beat.check)
             if self.durable is None:
                 result: RunResult | PausedRun | RejectedRun = await execute(sid, question, prompt, deps, refs.item_ids)
                 return await self._complete(sid, result, bank_meta, started, sink, version)
@@ -301,16 +303,17 @@ class ResearchService:
             return await self._drive(sid, question, prompt, deps, bank_meta, started, sink, version, start=True,
                                      injected=refs.item_ids, clarify_with=clarify_with)
         except BaseException as exc:  # whatever stopped the run (even Ctrl-C), the session is marked failed
-            self._fail(sid, exc, started, sink)
+            self._fail(sid, exc, started, sink, beat)
             if isinstance(exc, Exception):
                 raise RunFailedError(sid, f"{type(exc).__name__}: {exc}") from exc
             raise
         finally:
             beat.stop(release=True)
 
-    def _fail(self, sid: str, exc: BaseException, started: float, sink: EventSink) -> None:
+    def _fail(self, sid: str, exc: BaseException, started: float, sink: EventSink, beat: Heartbeat) -> None:
         message = f"{type(exc).__name__}: {exc}"
-        self._mark_failed(sid, message, time.monotonic() - started)
+        if not beat.lost:  # a session another process took over is its to finish, not ours to mark failed
+            self._mark_failed(sid, message, time.monotonic() - started)
         sink(ev.RunFailed(sid, message))
 
     async def _complete(self, sid: str, result: RunResult | PausedRun | RejectedRun, bank_meta: dict[str, Any],
@@ -359,8 +362,12 @@ class ResearchService:
                     sink(ev.RunFailed(sid, REJECTED_ERROR))
                     await self._prune(cp, sid)
                     return ResearchRejected(sid)
+                if isinstance(deps.recorder, _SessionRecorder):
+                    deps.recorder.fence()  # the last check before the session is finished under our name
                 outcome = await self._complete(sid, result, bank_meta, started, sink, version)
                 durable.runs.set_state(sid, "finished")
+            except LeaseLost:
+                raise  # the session is another process's now: its checkpoints and run state are left to it
             except Exception as exc:
                 await self._prune(cp, sid)
                 with contextlib.suppress(StoreError):
@@ -405,14 +412,14 @@ class ResearchService:
             sink(ev.Note("plan_decision", {"action": decision.action}))
         beat = Heartbeat(self.log, session_id, self.lease).start()  # prepare_resume took the lease: keep it
         try:
-            deps.recorder = _SessionRecorder(self.log, session_id, sink)
+            deps.recorder = _SessionRecorder(self.log, session_id, sink, beat.check)
             traj = rec.trajectory
             bank_meta = {"mode": "resumed", "items": [{"id": i} for i in traj.injected_bank_items]}
             return await self._drive(session_id, rec.question, traj.prompt, deps, bank_meta, started, sink,
                                      rec.policy_version, start=False, injected=traj.injected_bank_items,
                                      resume_value=None if decision is None else decision.to_dict())
         except BaseException as exc:
-            self._fail(session_id, exc, started, sink)
+            self._fail(session_id, exc, started, sink, beat)
             if isinstance(exc, Exception):
                 raise RunFailedError(session_id, f"{type(exc).__name__}: {exc}") from exc
             raise

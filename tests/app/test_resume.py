@@ -178,7 +178,7 @@ def test_the_crash_sweep_fails_a_session_that_was_not_checkpointed(tmp_path: Pat
         assert log.sweep_expired_leases().failed == ()  # its lease is still live
         with log.transaction(write=True) as conn:
             conn.execute("UPDATE sessions SET lease_until = heartbeat_at WHERE session_id = ?", (sid,))
-        assert log.list_sessions()[0].shown_status == "interrupted"
+        assert log.list_sessions()[0].shown_status == "running"  # not checkpointed: never offered for resume
         settings = Settings(store=store)
         assert build_scheduler(settings, blocking=False).get_job("sweep") is not None  # swept from its start on
         sweep(settings)  # the scheduler's sweep (process starts sweep the same way, in app.container.build)
@@ -230,3 +230,54 @@ def test_a_missing_or_corrupt_checkpoint_marks_the_session_interrupted(tmp_path:
     rec, run = log.get(sid), SessionRuns(log).get(sid)
     assert rec.status == "failed" and reason in (rec.error or "")
     assert run is not None and run.state == "interrupted" and reason in (run.reason or "")
+
+
+def test_a_run_whose_session_another_process_took_over_stops_without_writing(tmp_path: Path) -> None:
+    """The write fence (issue 34): this process's lease lapses while it lives (here: its clock jumps past the lease,
+    as for a process frozen or cut off from the store longer than that), another process resumes the session, and
+    this run then writes nothing more: no turn, no failure mark, no pruned checkpoint or ended run state."""
+    from datetime import UTC, datetime, timedelta
+
+    from app.durable import LeaseTiming
+    from tests.fakes import ScriptedPolicy
+
+    class Clock:
+        def __init__(self) -> None:
+            self.now = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+
+        def __call__(self) -> datetime:
+            self.now += timedelta(microseconds=1)
+            return self.now
+
+    clock, store = Clock(), StoreConfig(data_dir=tmp_path)
+    log = SessionLog.from_config(store, clock=clock)
+    policy, search = script(None, tmp_path / "blocked")
+    inner = policy.script
+    taken: list[int] = []
+
+    def say(context: str, stop: list[str]) -> str:
+        text = inner(context, stop)
+        if "</call_tool>" in stop and context.count("</tool_output>") == 2 and not taken:
+            # Another process, finding the lease lapsed, takes the session over (what `rubricem resume` does).
+            (sid,) = [s.session_id for s in log.list_sessions()]
+            taken.append(len(log.get(sid).trajectory.turns))
+            clock.now += timedelta(seconds=61)
+            other = SessionRuns(SessionLog.from_config(store, clock=clock))
+            assert other.claim(other.get(sid), lease_s=600, owner="other-host:2:y")  # type: ignore[arg-type]
+        return text
+
+    policy.script = say
+    service = ResearchService(policy, {"local_search": search}, log, AgentConfig(),
+                              durable=DurableSessions.for_store(log, store),
+                              lease=LeaseTiming(heartbeat_s=50.0, lease_s=60.0))  # no real-time beat in the test
+    with pytest.raises(RunFailedError, match="taken over by another process"):
+        asyncio.run(service.start(QUESTION, OPTIONS))
+    (sid,) = [s.session_id for s in log.list_sessions()]
+    record = log.get(sid)
+    assert taken and len(record.trajectory.turns) == taken[0]  # the turn sampled after the takeover was not written
+    assert record.status == "running" and record.error is None  # not marked failed under the other's lease
+    assert log.lease(sid).owner == "other-host:2:y"
+    run = SessionRuns(log).get(sid)
+    assert run is not None and run.state == "active"  # its run state and checkpoints are the other process's now
+    with sqlite3.connect(tmp_path / CHECKPOINT_FILE) as cp:
+        assert cp.execute("SELECT count(*) FROM checkpoints WHERE thread_id = ?", (sid,)).fetchone()[0] > 0
