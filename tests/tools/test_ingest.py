@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from tools_support import make_pdf
+from tools_support import assemble_pdf, make_pdf
 
 from agent.errors import IngestError
 from agent.ingest import (
@@ -244,16 +244,7 @@ def bomb_pdf(pages: int, text: bytes, repeat: int) -> bytes:
         b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % off for off in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    return bytes(out)
+    return assemble_pdf(objects)
 
 
 def test_a_pdf_with_more_pages_than_the_cap_is_refused_before_any_text_is_extracted(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from agent.ingest import load_demo_corpus
 from store.doc_index import Document
 from tests.servers import free_port
 
-__all__ = ["LocalServer", "Reply", "Request", "free_port", "make_pdf", "sample_passages"]
+__all__ = ["LocalServer", "Reply", "Request", "assemble_pdf", "free_port", "make_pdf", "sample_passages"]
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,12 @@ def make_pdf(lines: list[str], title: str = "") -> bytes:
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
         b"<< /Title (" + esc(title).encode("latin-1") + b") >>",
     ]
+    return assemble_pdf(objects, info=6)
+
+
+def assemble_pdf(objects: list[bytes], info: int | None = None) -> bytes:
+    """A PDF file of `objects` (numbered from 1, the catalog first) with its cross-reference table and trailer;
+    `info` names the document-information object, if any."""
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for number, body in enumerate(objects, start=1):
@@ -164,7 +170,8 @@ def make_pdf(lines: list[str], title: str = "") -> bytes:
     xref = len(out)
     out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
     out += b"".join(b"%010d 00000 n \n" % off for off in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R /Info 6 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    info_ref = b" /Info %d 0 R" % info if info is not None else b""
+    out += b"trailer\n<< /Size %d /Root 1 0 R%s >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, info_ref, xref)
     return bytes(out)
 
 
