@@ -16,7 +16,7 @@ import html
 import re
 from collections.abc import Iterable
 from typing import Literal, Protocol, runtime_checkable
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from store.records import ToolCallRecord
 
@@ -37,12 +37,8 @@ class UrlScoped(Protocol):
     url_scope: BrowseScope
 
 
-def url_key(text: str) -> tuple[str, str, str] | None:
-    """(host[:port], path without trailing slash, query) of a URL as written, or None when it names no host.
-
-    The scheme is not part of the key (a bare domain is browsed as https, a result may say http), nor is the
-    fragment (it never reaches the server). The query is: it is where leaked text would travel.
-    """
+def _parse(text: str) -> tuple[tuple[str, str, str], SplitResult] | None:
+    """The key of a URL as written (see url_key) and its split form (a bare domain taken as https)."""
     value = html.unescape(text.strip().strip("<>\"'` ")).rstrip(_TRAILING)
     if "://" not in value:
         value = "https://" + value
@@ -55,21 +51,29 @@ def url_key(text: str) -> tuple[str, str, str] | None:
     if not host:
         return None
     where = f"{host}:{port}" if port is not None and port not in _DEFAULT_PORTS else host
-    return where, parts.path.rstrip("/"), parts.query
+    return (where, parts.path.rstrip("/"), parts.query), parts
+
+
+def url_key(text: str) -> tuple[str, str, str] | None:
+    """(host[:port], path without trailing slash, query) of a URL as written, or None when it names no host.
+
+    The scheme is not part of the key (a bare domain is browsed as https, a result may say http), nor is the
+    fragment (it never reaches the server). The query is: it is where leaked text would travel.
+    """
+    parsed = _parse(text)
+    return None if parsed is None else parsed[0]
 
 
 def approved_url(text: str) -> str | None:
     """The URL that is fetched once `text` passed the "seen" check: rebuilt from the very parts the check compared
     (host, port, path, query), so nothing the comparison ignored (trailing punctuation, entities, extra slashes, a
     fragment) can ride along to the server. None when `text` names no host."""
-    key = url_key(text)
-    if key is None:
+    parsed = _parse(text)
+    if parsed is None:
         return None
-    where, path, query = key
-    value = html.unescape(text.strip().strip("<>\"'` ")).rstrip(_TRAILING)
-    scheme = urlsplit(value).scheme.lower() if "://" in value else "https"
-    slash = "/" if urlsplit(value if "://" in value else "https://" + value).path.endswith("/") else ""
-    scheme = scheme if scheme in ("http", "https") else "https"
+    (where, path, query), parts = parsed
+    scheme = parts.scheme.lower() if parts.scheme.lower() in ("http", "https") else "https"
+    slash = "/" if parts.path.endswith("/") else ""
     return f"{scheme}://{where}{path}{slash}" + (f"?{query}" if query else "")
 
 
