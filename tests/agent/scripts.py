@@ -49,3 +49,23 @@ def well_formed(n_calls: int = 1, tool: str = "local_search", bogus_cite: bool =
         return f'<answer><think>hidden</think>Books were translated into <cite id="{cite}">Latin</cite>.{extra}</answer>'
 
     return script
+
+
+def calls_then_answer(calls: Sequence[str], answer: str):  # noqa: ANN201
+    """A model that plans, writes the research turns `calls` in order (whole texts, usually `<call_tool>` blocks),
+    then reviews and writes `answer` (a whole `<answer>` block)."""
+
+    def script(context: str, stop: Sequence[str]) -> str:
+        stage = stage_of(stop)
+        if stage == "plan":
+            return PLAN
+        if stage == "research":
+            done = context.count("</tool_output>")
+            if done < len(calls):
+                return calls[done]
+            return "<review><rubric_review>ok</rubric_review><writing_plan>write</writing_plan></review>"
+        if stage == "review":
+            return "<rubric_review>ok</rubric_review><writing_plan>write</writing_plan></review>"
+        return answer
+
+    return script

@@ -20,7 +20,7 @@ from agent.tools import build_tools
 from agent.tools.scope import REFUSED, browse_refusal, urls_in
 from app.service import ResearchOutcome, ResearchService
 from store.session_log import SessionLog
-from tests.agent.scripts import PLAN, stage_of
+from tests.agent.scripts import calls_then_answer
 from tests.fakes import ScriptedPolicy
 
 OPTS = RunOptions(max_tool_calls=4, token_caps=StageTokenCaps(plan=400, research=300, review=200, answer=200),
@@ -42,22 +42,8 @@ def _pages(server: LocalServer) -> None:
 
 def _script(calls: Sequence[tuple[str, str]]):  # noqa: ANN202
     """A model that makes `calls` (tool, argument) in order, then reviews and answers."""
-
-    def script(context: str, stop: Sequence[str]) -> str:
-        stage = stage_of(stop)
-        if stage == "plan":
-            return PLAN
-        if stage == "research":
-            done = context.count("</tool_output>")
-            if done < len(calls):
-                tool, arg = calls[done]
-                return f'\n<call_tool name="{tool}">{arg}</call_tool>'
-            return "<review><rubric_review>ok</rubric_review><writing_plan>write</writing_plan></review>"
-        if stage == "review":
-            return "<rubric_review>ok</rubric_review><writing_plan>write</writing_plan></review>"
-        return "<answer>Plains zebras live in herds.</answer>"
-
-    return script
+    return calls_then_answer([f'\n<call_tool name="{tool}">{arg}</call_tool>' for tool, arg in calls],
+                             "<answer>Plains zebras live in herds.</answer>")
 
 
 def _run(server: LocalServer, tmp_path: Path, scope: str, calls: Sequence[tuple[str, str]],

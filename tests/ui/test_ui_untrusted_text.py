@@ -31,7 +31,7 @@ from app.ui import state
 from store.config import StoreConfig
 from store.registry import Registry
 from store.session_log import SessionLog
-from tests.agent.scripts import PLAN, stage_of
+from tests.agent.scripts import calls_then_answer
 from tests.fakes import ScriptedPolicy
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "ui" / "main.py")
@@ -46,21 +46,7 @@ INTERNALS = "connection to policy.internal.example:8000 refused; cache /srv/rubr
 
 def _script(calls: Sequence[str]):  # noqa: ANN202
     """A model that writes the tool calls `calls` (whole `<call_tool>` texts), then reviews and answers."""
-
-    def script(context: str, stop: Sequence[str]) -> str:
-        stage = stage_of(stop)
-        if stage == "plan":
-            return PLAN
-        if stage == "research":
-            done = context.count("</tool_output>")
-            if done < len(calls):
-                return calls[done]
-            return "<review><rubric_review>ok</rubric_review><writing_plan>write</writing_plan></review>"
-        if stage == "review":
-            return "<rubric_review>ok</rubric_review><writing_plan>write</writing_plan></review>"
-        return "<answer>Haymo was a Franciscan friar.</answer>"
-
-    return script
+    return calls_then_answer(calls, "<answer>Haymo was a Franciscan friar.</answer>")
 
 
 @pytest.fixture
