@@ -4,12 +4,11 @@ to a few seconds."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
-from streamlit import config as st_config
 from streamlit.testing.v1 import AppTest
 
 from agent.config import AgentConfig, RunOptions, StageTokenCaps
@@ -17,7 +16,6 @@ from agent.followup import FOLLOW_UP_MARK
 from app.container import Services, open_bank
 from app.service import ResearchService
 from app.settings import Settings, UIConfig
-from app.ui import state
 from app.ui.view import md_literal
 from store.config import StoreConfig
 from store.embeddings import embed_texts
@@ -45,21 +43,15 @@ def _services(tmp_path: Path, policy: object, tools: dict[str, object], index: o
 
 @pytest.fixture
 def make_services(tmp_path: Path, embedded_policy: object, local_tools: dict[str, object],
-                  small_index: object) -> Iterator[object]:
+                  small_index: object, put_services: Callable[[Services, str | None], Services]) -> object:
     def make(ui: UIConfig | None = None, bound: str | None = "settings") -> Services:
         """Services for the page; the server address is the UI host, as `rubricem ui --host` passes it (None: a
         plain `streamlit run` with no address)."""
         ui = ui or UIConfig()
         svc = _services(tmp_path, embedded_policy, local_tools, small_index, ui)
-        st_config.set_option("server.address", ui.host if bound == "settings" else bound)
-        state.use(svc)
-        return svc
+        return put_services(svc, ui.host if bound == "settings" else bound)
 
-    try:
-        yield make
-    finally:
-        state.use(None)
-        st_config.set_option("server.address", None)
+    return make
 
 
 def _ask(at: AppTest, question: str) -> AppTest:

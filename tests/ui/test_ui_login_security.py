@@ -17,19 +17,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 from pydantic import SecretStr
-from streamlit import config as st_config
 from streamlit.testing.v1 import AppTest
 
 from app.container import Services, open_bank, open_index
 from app.service import ResearchService
 from app.settings import Settings, UIConfig
-from app.ui import state
 from app.ui.auth import oidc_user_id
 from store import PromptRecord, SessionLog, StoreConfig
 from store.people import ScopedStore, Viewer
@@ -45,7 +43,7 @@ ISSUER = "https://id.example.org"
 
 
 @pytest.fixture
-def light(tmp_path: Path) -> Iterator[object]:
+def light(tmp_path: Path, put_services: Callable[[Services, str | None], Services]) -> object:
     """Install services for the page built from `ui`: real store, index and bank; no policy (nothing is asked)."""
 
     def make(ui: UIConfig) -> Services:
@@ -56,15 +54,9 @@ def light(tmp_path: Path) -> Iterator[object]:
         research = ResearchService(None, {}, log, settings.agent, bank)  # type: ignore[arg-type]
         svc = Services(settings, log, open_index(settings), {}, None,  # type: ignore[arg-type]
                        research, bank, Registry(log))
-        st_config.set_option("server.address", ui.host)
-        state.use(svc)
-        return svc
+        return put_services(svc, ui.host)
 
-    try:
-        yield make
-    finally:
-        state.use(None)
-        st_config.set_option("server.address", None)
+    return make
 
 
 def _session(log: SessionLog, question: str, owner: str, source: str = "cli") -> str:

@@ -13,12 +13,11 @@ import asyncio
 import logging
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 from markdown_it import MarkdownIt
-from streamlit import config as st_config
 from streamlit.testing.v1 import AppTest
 
 from agent.config import AgentConfig, McpServerConfig, RunOptions, StageTokenCaps
@@ -27,7 +26,6 @@ from agent.tools.mcp_client import discover
 from app.container import Services
 from app.service import ResearchService
 from app.settings import Settings, UIConfig
-from app.ui import state
 from store.config import StoreConfig
 from store.registry import Registry
 from store.session_log import SessionLog
@@ -50,7 +48,7 @@ def _script(calls: Sequence[str]):  # noqa: ANN202
 
 
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator[object]:
+def serve(tmp_path: Path, put_services: Callable[[Services, str | None], Services]) -> object:
     """Put services built on `policy` and `tools` behind the page (the open loopback UI: the local admin)."""
 
     def make(policy: object, tools: dict[str, object]) -> Services:
@@ -61,15 +59,9 @@ def serve(tmp_path: Path) -> Iterator[object]:
         research = ResearchService(policy, tools, log, settings.agent)  # type: ignore[arg-type]
         # No document index or bank: the page only shows the corpus size ("?") and never searches them here.
         svc = Services(settings, log, None, tools, policy, research, None, Registry(log))  # type: ignore[arg-type]
-        st_config.set_option("server.address", settings.ui.host)
-        state.use(svc)
-        return svc
+        return put_services(svc, settings.ui.host)
 
-    try:
-        yield make
-    finally:
-        state.use(None)
-        st_config.set_option("server.address", None)
+    return make
 
 
 def _markdown_texts(at: AppTest) -> list[tuple[str, bool]]:
