@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -72,6 +73,14 @@ def ui_server(tmp_path: Path, smollm2_dir: Path) -> Iterator[tuple[str, Path]]:
         "RUBRICEM_AGENT__LOCAL_SEARCH_K": "2",
         "RUBRICEM_AGENT__SNIPPET_CHARS": "400",
     }
+    with running_ui(tmp_path, env) as url:
+        yield url, data
+
+
+@contextmanager
+def running_ui(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
+    """`rubricem ui` with `env` on a free loopback port, once it answers its health check (its output goes to
+    tmp_path/ui.log); yields its URL and stops it after."""
     port = _free_port()
     log = (tmp_path / "ui.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--port", str(port)], cwd=ROOT, env=env,
@@ -88,7 +97,7 @@ def ui_server(tmp_path: Path, smollm2_dir: Path) -> Iterator[tuple[str, Path]]:
             assert proc.poll() is None, (tmp_path / "ui.log").read_text()
             assert time.monotonic() < deadline, "the UI did not come up in 60 s"
             time.sleep(0.5)
-        yield url, data
+        yield url
     finally:
         proc.terminate()
         try:

@@ -13,14 +13,10 @@ question here), so these tests load no model.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
-import httpx
 import pytest
 from pydantic import SecretStr
 from streamlit.testing.v1 import AppTest
@@ -34,6 +30,7 @@ from store.people import ScopedStore, Viewer
 from store.registry import Registry
 from store.errors import InvalidInput
 from store.users import UserError, Users, hash_password
+from tests.ui.test_ui_browser import CHROMIUM, running_ui
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = str(ROOT / "app" / "ui" / "main.py")
@@ -161,40 +158,20 @@ def test_failed_logins_survive_a_reload_and_lock_the_name(light: object) -> None
     assert "user_id" not in reloaded.session_state  # refused before the password was checked: nothing changed
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")
 def test_dns_rebinding_reaches_no_open_ui(tmp_path: Path) -> None:
     """Finding 9: the open loopback UI made every visitor the local admin whatever Host they named, so a web page
     whose name re-resolves to 127.0.0.1 could drive it from the victim's browser. Chromium maps rebind.test to
     127.0.0.1 (as the attacker's DNS would) and opens the real `rubricem ui` under that name."""
-    chromium = Path("/usr/bin/chromium")
-    if not chromium.exists():
-        pytest.skip("Debian's chromium is not installed")
     from playwright.sync_api import sync_playwright
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUBRICEM_")} | {
         "HF_HUB_OFFLINE": "1", "RUBRICEM_STORE__DATA_DIR": str(tmp_path / "data")}
-    port = _free_port()
-    log = (tmp_path / "ui.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).text == "ok":
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "ui.log").read_text()
-            time.sleep(0.5)
+    with running_ui(tmp_path, env) as url:
+        port = urlsplit(url).port
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(chromium), headless=True, args=[
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[
                 "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                 "--host-resolver-rules=MAP rebind.test 127.0.0.1"])
             try:
@@ -209,10 +186,3 @@ def test_dns_rebinding_reaches_no_open_ui(tmp_path: Path) -> None:
                 assert mine.get_by_text("answers only to localhost").count() == 0
             finally:
                 browser.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
