@@ -135,7 +135,7 @@ def lease_refusal(lease: SessionLease, now: datetime | None = None) -> str | Non
 
 
 def sweep_leases(log: SessionLog, say: Callable[[str], None] = lambda _m: None) -> LeaseSweep:
-    """The crash sweep every process start and each scheduler tick runs: sessions whose process is gone become
+    """The crash sweep every process start and the scheduler's sweep job run: sessions whose process is gone become
     interrupted (checkpointed: `rubricem resume` goes on with them) or failed (never trained on). A store error is
     logged, never fatal: the sweep runs again at the next start."""
     try:

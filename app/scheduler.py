@@ -104,9 +104,8 @@ def sweep(settings: Settings) -> None:
 
 
 def scheduled_job(settings: Settings) -> None:
-    """The scheduler's job: the crash sweep, then one cycle (skipped below min_new_sessions); errors are logged, the
-    scheduler goes on."""
-    sweep(settings)
+    """The scheduler's job: one cycle (skipped below min_new_sessions); errors are logged, the scheduler goes on.
+    The crash sweep is its own job (`sweep`): a cycle counts only completed sessions, so it need not sweep first."""
     try:
         result = asyncio.run(run_cycle(settings, trigger="scheduler", force=False, say=_log.info))
         _log.info("retraining cycle: %s", result.message)
