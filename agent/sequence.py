@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from agent import telemetry
 from agent.deps import AgentDeps
 from agent.errors import BudgetExceeded, ContextTooLong
 from agent.protocols import Generation, PromptContext
@@ -24,6 +25,7 @@ class SequenceWriter:
         self.prompt = prompt
         self.previous = list(turns)
         self.new: list[Turn] = []
+        self.last_prompt_tokens = 0  # context tokens the last `sample` call read (its prompt tokens)
 
     @property
     def turns(self) -> list[Turn]:
@@ -55,23 +57,31 @@ class SequenceWriter:
             raise BudgetExceeded(f"wall-clock limit of {self.deps.options.wall_clock_s:.0f} s reached before {stage}")
         self.deps.recorder.event("generating", {"stage": stage, "max_tokens": max_tokens})
         self.deps.generate_calls += 1
-        try:
-            return await asyncio.wait_for(
-                self.deps.policy.generate(
-                    self.context(),
-                    stop=list(stop),
-                    max_tokens=max_tokens,
-                    temperature=self.deps.options.temperature,
-                    # One seed per call (seed + calls so far): the same seed on every turn would replay one random
-                    # stream at each stage; the run stays reproducible.
-                    seed=None if self.deps.options.seed is None else self.deps.options.seed + self.deps.generate_calls,
-                ),
-                timeout=remaining,
-            )
-        except TimeoutError as exc:
-            raise BudgetExceeded(
-                f"wall-clock limit of {self.deps.options.wall_clock_s:.0f} s reached while generating {stage}"
-            ) from exc
+        calls = self.deps.generate_calls
+        context = self.context()
+        self.last_prompt_tokens = len(context.token_ids)
+        with telemetry.policy_call(stage=stage, model=policy_model(self.deps), input_tokens=self.last_prompt_tokens,
+                                   max_tokens=max_tokens, temperature=self.deps.options.temperature,
+                                   policy_version=self.deps.policy.policy_version) as traced:
+            try:
+                gen = await asyncio.wait_for(
+                    self.deps.policy.generate(
+                        context,
+                        stop=list(stop),
+                        max_tokens=max_tokens,
+                        temperature=self.deps.options.temperature,
+                        # One seed per call (seed + calls so far): the same seed on every turn would replay one
+                        # random stream at each stage; the run stays reproducible.
+                        seed=None if self.deps.options.seed is None else self.deps.options.seed + calls,
+                    ),
+                    timeout=remaining,
+                )
+            except TimeoutError as exc:
+                raise BudgetExceeded(
+                    f"wall-clock limit of {self.deps.options.wall_clock_s:.0f} s reached while generating {stage}"
+                ) from exc
+            traced.finish(output_tokens=len(gen.token_ids), finish_reason=gen.finish_reason)
+        return gen
 
     def _append(self, turn: Turn) -> Turn:
         self.new.append(turn)
@@ -132,6 +142,12 @@ class SequenceWriter:
         if closing not in gen.text[-(len(closing) + 8) :]:
             await self.insert(stage, closing)
         return turn
+
+
+def policy_model(deps: AgentDeps) -> str:
+    """The served model's name (endpoint policies), or "embedded" for the in-process one: spans and prices use it."""
+    model = getattr(deps.policy, "model", None)
+    return model if isinstance(model, str) and model else "embedded"
 
 
 def has_sampled(turns: Sequence[Turn], stage: Stage) -> bool:

@@ -13,7 +13,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.accounting import ModelPrice
 from agent.config import AgentConfig
+from agent.telemetry import TracingOptions
 from learning.config import LearningConfig
 from store.config import StoreConfig
 
@@ -154,6 +156,21 @@ class PolicyServerConfig(BaseModel):
                                    "vLLM to serve, seconds.")
 
 
+class TelemetryConfig(BaseModel):
+    """Traces and metrics (env: RUBRICEM_TELEMETRY__<FIELD>; issue 36). Traces are exported only when the standard
+    OTEL_EXPORTER_OTLP_ENDPOINT is set."""
+
+    record_question_text: bool = Field(default=False, description="Put the question's text on session spans (off: "
+                                       "only its length; questions can be personal).")
+    export_timeout_s: float = Field(default=5.0, gt=0, le=60, description="One span export gives up after this "
+                                    "many seconds; the batch is dropped with a warning, the session never waits.")
+    max_queue_size: int = Field(default=4096, ge=16, le=1_000_000, description="Spans held for export; past this "
+                                "new spans are dropped (a slow or dead trace backend never grows memory).")
+    metrics_host: str = Field(default="127.0.0.1", description="Address the scheduler's Prometheus endpoint binds.")
+    metrics_port: int = Field(default=9464, ge=0, le=65535, description="Port of the scheduler's Prometheus "
+                              "endpoint (/metrics); 0 turns it off.")
+
+
 class Settings(BaseSettings):
     """All configuration of the application."""
 
@@ -169,6 +186,38 @@ class Settings(BaseSettings):
     sessions: SessionsConfig = SessionsConfig()
     uploads: UploadsConfig = UploadsConfig()
     policy_server: PolicyServerConfig = PolicyServerConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    # The price table (RUBRICEM_PRICES, JSON): {"model": {"input_per_mtok": 0.15, "output_per_mtok": 0.6}}. Empty:
+    # every model costs 0; otherwise a model it does not list has an unknown cost (agent/accounting.py).
+    prices: dict[str, ModelPrice] = Field(default_factory=dict, description="Price table, USD per million tokens in "
+                                          "and out, per model name, as JSON; empty: every model costs 0, otherwise "
+                                          "an unlisted model's cost is unknown.")
+    # The OpenTelemetry SDK's standard variables (no RUBRICEM_ prefix), read here so that only this module reads the
+    # environment.
+    otel_exporter_otlp_endpoint: str | None = Field(default=None, validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT",
+                                                    description="OTLP base URL; set, spans are exported.")
+    otel_exporter_otlp_protocol: Literal["http/protobuf", "grpc"] = Field(
+        default="http/protobuf", validation_alias="OTEL_EXPORTER_OTLP_PROTOCOL", description="OTLP protocol.")
+    otel_exporter_otlp_headers: SecretStr | None = Field(default=None, validation_alias="OTEL_EXPORTER_OTLP_HEADERS",
+                                                         description="OTLP headers, key=value,key2=value2.")
+    otel_service_name: str = Field(default="rubricem", validation_alias="OTEL_SERVICE_NAME",
+                                   description="service.name of the spans.")
+
+    def tracing_options(self) -> TracingOptions | None:
+        """What `agent.telemetry.configure_tracing` needs, or None when no OTLP endpoint is set (tracing off)."""
+        endpoint = (self.otel_exporter_otlp_endpoint or "").strip()
+        if not endpoint:
+            return None
+        headers: dict[str, str] = {}
+        raw = self.otel_exporter_otlp_headers.get_secret_value() if self.otel_exporter_otlp_headers else ""
+        for part in raw.split(","):
+            key, sep, value = part.partition("=")
+            if sep and key.strip():
+                headers[key.strip()] = value.strip()
+        t = self.telemetry
+        return TracingOptions(endpoint=endpoint, protocol=self.otel_exporter_otlp_protocol, headers=headers,
+                              service_name=self.otel_service_name, export_timeout_s=t.export_timeout_s,
+                              max_queue_size=t.max_queue_size, record_question_text=t.record_question_text)
 
 
 def _env_lines(model: type[BaseModel], prefix: str) -> list[str]:
@@ -196,9 +245,17 @@ def env_example() -> str:
         "",
     ]
     body: list[str] = []
+    standard: list[str] = []
     for section, field in Settings.model_fields.items():
         assert field.annotation is not None
-        body += [f"## {section}", *_env_lines(field.annotation, f"RUBRICEM_{section.upper()}__"), ""]
+        if isinstance(field.validation_alias, str):  # a standard variable of another tool (OpenTelemetry's)
+            default = field.get_default(call_default_factory=True)
+            standard += [f"# {field.description}", f"# {field.validation_alias}={'' if default is None else default}"]
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            body += [f"## {section}", *_env_lines(field.annotation, f"RUBRICEM_{section.upper()}__"), ""]
+        else:
+            body += [f"## {section}", f"# {field.description}", f"# RUBRICEM_{section.upper()}=", ""]
+    body += ["## OpenTelemetry's standard variables (traces are exported only when the endpoint is set)", *standard, ""]
     return "\n".join(head + body)
 
 
