@@ -13,7 +13,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL := 2
 # build for AVX2 explicitly (portable, and as fast here).
 export CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 
-.PHONY: install vllm policy-server demo test test-fast bench sft-adapter clean
+.PHONY: install vllm phoenix policy-server demo test test-fast bench sft-adapter clean
 
 install: $(STAMP)
 
@@ -34,6 +34,19 @@ $(VLLM_STAMP): $(VLLM_REQ)
 	$(VLLM_ENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_ENV)/bin/python -c "import vllm, sys; print('vllm', vllm.__version__, file=sys.stderr)"
 	touch $(VLLM_STAMP)
+
+# The trace server the tracing tests export to and read back from (issue 36, tests/app/test_tracing.py): arize-phoenix,
+# pinned, in its own environment (it pins its own FastAPI, SQLAlchemy and OpenTelemetry). About 90 s once.
+PHOENIX_ENV   ?= .phoenix
+PHOENIX_STAMP := $(PHOENIX_ENV)/.installed
+phoenix: $(PHOENIX_STAMP)
+
+$(PHOENIX_STAMP):
+	test -x $(PHOENIX_ENV)/bin/python || python3 -m venv $(PHOENIX_ENV)
+	$(PHOENIX_ENV)/bin/pip install -q --upgrade pip
+	$(PHOENIX_ENV)/bin/pip install -q arize-phoenix==20.26.1
+	$(PHOENIX_ENV)/bin/python -c "import phoenix, sys; print('phoenix', phoenix.__version__, file=sys.stderr)"
+	touch $(PHOENIX_STAMP)
 
 # Serve the policy with the local vLLM on RUBRICEM_AGENT__POLICY_BASE_URL (default http://127.0.0.1:8000).
 policy-server: install vllm
@@ -61,9 +74,10 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(VENV)/bin/rubricem ask "$(DEMO_Q)" --max-tool-calls 2 --format short_form --out demo-report.md
 
-# The suite starts a real vLLM from .vllm/; RUBRICEM_TEST_REQUIRE_VLLM makes a missing one fail, never skip, and
-# RUBRICEM_TEST_STRICT turns every other skip into a failure too (tests marked may_skip excepted; -rs lists them).
-test: install vllm
+# The suite starts a real vLLM from .vllm/ and a real trace server from .phoenix/; RUBRICEM_TEST_REQUIRE_VLLM makes a
+# missing vLLM fail, never skip, and RUBRICEM_TEST_STRICT turns every other skip (a missing .phoenix too) into a
+# failure (tests marked may_skip excepted; -rs lists them).
+test: install vllm phoenix
 	RUBRICEM_TEST_REQUIRE_VLLM=1 RUBRICEM_TEST_STRICT=1 $(PY) -m pytest -q -rs
 
 test-fast: install
@@ -90,4 +104,4 @@ sft-adapter: install
 	$(PY) -m learning.sft.ship .cache/sft/data $(SFT_DEST) .cache/sft/run .cache/sft/run-2 .cache/sft/run-3
 
 clean:
-	rm -rf $(VENV) $(VLLM_ENV) .cache .pytest_cache demo-report.md
+	rm -rf $(VENV) $(VLLM_ENV) $(PHOENIX_ENV) .cache .pytest_cache demo-report.md

@@ -89,7 +89,9 @@ class SequenceWriter:
         return turn
 
     def keep(self, stage: Stage, gen: Generation) -> Turn | None:
-        """Record a sampled generation (nothing is recorded for an empty one)."""
+        """Record a sampled generation (nothing is recorded for an empty one), with the prompt tokens of the call
+        that sampled it: the last `sample` of this writer (None when this writer sampled nothing, which no node
+        does; a real call always reads at least the prompt)."""
         if not gen.token_ids and not gen.text:
             return None
         return self._append(
@@ -103,6 +105,7 @@ class SequenceWriter:
                 prompt_sha=self.deps.prompt_sha,
                 token_source=gen.token_source,
                 finish_reason=gen.finish_reason,
+                prompt_tokens=self.last_prompt_tokens or None,
             )
         )
 

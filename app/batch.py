@@ -8,6 +8,12 @@ Resuming, per item (matched by id, and only while the stored question is the sam
 - a `failed` record of kind `run` (the policy server died, a time limit, ...) is retried.
 An item whose question changed since its record was written is researched again and its files replaced. Changed
 run options (format, budgets) do not invalidate a finished item: delete its `<id>.json` to redo it.
+
+Tokens and cost (issue 36): each item's record keeps what its session's policy read and sampled and what that cost
+under the price table in force when the item finished (`agent.accounting`; a failed run's session counts too, its
+tokens were spent). The index sums them over every item that has them; a cost with an unknown part is unknown.
+Batch sessions are judged later (`rubricem judge`, a retraining cycle), so the judge's tokens are not in a batch's
+figures: `rubricem sessions show ID` has them per session.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from agent.accounting import PriceTable, SessionUsage, add_costs, format_cost, usage_of
 from agent.config import FormatLabel, RunOptions
 from agent.errors import InputError
 from agent.run import validate_question
@@ -83,11 +90,23 @@ class BatchSummary:
     out_dir: Path
     index_md: Path
     index_json: Path
+    usage: BatchUsage | None = None  # summed over every item record that has it (this run's and earlier runs')
 
     @property
     def unfinished(self) -> int:
         """Items whose record is not `done` (failed now or earlier): the batch is incomplete while this is > 0."""
         return sum(1 for r in self.items if r.recorded != "done")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchUsage:
+    """The policy's tokens and cost summed over a batch's item records (see the module docstring)."""
+
+    items: int  # records with figures
+    policy_calls: int
+    prompt_tokens: int
+    sampled_tokens: int
+    cost_usd: float | None  # None: unknown (an item's model is not in a non-empty price table)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,17 +305,49 @@ def read_record(out_dir: Path, item: BatchItem) -> dict[str, Any] | None:
     return record if record.get("status") in ("done", "failed") else None
 
 
-def _write_failure(out_dir: Path, item: BatchItem, kind: ErrorKind, error: str, sid: str | None, s: float) -> None:
+def _usage_record(usage: SessionUsage | None) -> dict[str, Any] | None:
+    """An item's figures: the policy's calls and tokens, and their cost (None: unknown)."""
+    if usage is None:
+        return None
+    return {"policy_model": usage.policy_model, "policy_calls": usage.policy_calls,
+            "prompt_tokens": usage.prompt_tokens, "sampled_tokens": usage.sampled_tokens,
+            "cost_usd": usage.policy_cost}
+
+
+def _usage_of(service: ResearchService, sid: str | None, prices: PriceTable) -> dict[str, Any] | None:
+    """The session's figures from the log, or None (no session, or the log cannot say: the report matters more)."""
+    if sid is None:
+        return None
+    try:
+        return _usage_record(usage_of(service.log, sid, prices))
+    except Exception:  # noqa: BLE001 - figures are an extra; a store hiccup must not fail a finished item
+        return None
+
+
+def batch_usage(records: Sequence[dict[str, Any] | None]) -> BatchUsage:
+    """The figures summed over the records that have them."""
+    figures = [r["usage"] for r in records if r and isinstance(r.get("usage"), dict)]
+    return BatchUsage(
+        items=len(figures), policy_calls=sum(int(f.get("policy_calls") or 0) for f in figures),
+        prompt_tokens=sum(int(f.get("prompt_tokens") or 0) for f in figures),
+        sampled_tokens=sum(int(f.get("sampled_tokens") or 0) for f in figures),
+        cost_usd=add_costs(*(f.get("cost_usd") for f in figures)),
+    )  # fmt: skip
+
+
+def _write_failure(out_dir: Path, item: BatchItem, kind: ErrorKind, error: str, sid: str | None, s: float,
+                   usage: dict[str, Any] | None = None) -> None:
     (out_dir / f"{item.id}.md").unlink(missing_ok=True)  # a report left from an earlier question would mislead
     record = {
         "record_version": RECORD_VERSION, "id": item.id, "status": "failed", "question": item.question,
         "format": item.format, "error": error, "error_kind": kind, "session_id": sid, "seconds": round(s, 3),
-        "finished_at": _now(),
+        "usage": usage, "finished_at": _now(),
     }  # fmt: skip
     write_atomic(out_dir / f"{item.id}.json", json.dumps(record, indent=2, ensure_ascii=False) + "\n")
 
 
-def _write_done(out_dir: Path, item: BatchItem, outcome: Any, options: RunOptions) -> None:
+def _write_done(out_dir: Path, item: BatchItem, outcome: Any, options: RunOptions,
+                usage: dict[str, Any] | None = None) -> None:
     report = outcome.report
     record = {
         "record_version": RECORD_VERSION,
@@ -312,6 +363,7 @@ def _write_done(out_dir: Path, item: BatchItem, outcome: Any, options: RunOption
         "tool_calls": len(outcome.trajectory.tool_calls),
         "policy_version": outcome.policy_version,
         "seconds": round(outcome.seconds, 3),
+        "usage": usage,
         "finished_at": _now(),
     }
     # The Markdown first: the JSON is the completion marker a rerun looks for.
@@ -327,32 +379,45 @@ def _cell(text: str, n: int) -> str:
 def write_index(out_dir: Path, items: Sequence[BatchItem]) -> tuple[Path, Path]:
     """Rebuild index.json and index.md from the item records on disk (items without one are `pending`)."""
     rows: list[dict[str, Any]] = []
-    for item in items:
-        rec = read_record(out_dir, item) or {}
+    records = [read_record(out_dir, item) for item in items]
+    for item, found in zip(items, records, strict=True):
+        rec = found or {}
         status = rec.get("status", "pending")
+        usage = rec.get("usage") if isinstance(rec.get("usage"), dict) else {}
         rows.append({
             "id": item.id, "status": status, "question": item.question, "line": item.line,
             "error": rec.get("error"), "error_kind": rec.get("error_kind"), "session_id": rec.get("session_id"),
             "policy_version": rec.get("policy_version"), "seconds": rec.get("seconds"),
+            "prompt_tokens": usage.get("prompt_tokens"), "sampled_tokens": usage.get("sampled_tokens"),
+            "cost_usd": usage.get("cost_usd"), "cost": format_cost(usage.get("cost_usd")) if usage else None,
             "report": f"{item.id}.md" if status == "done" else None,
             "json": f"{item.id}.json" if rec else None,
         })  # fmt: skip
     counts = {k: sum(1 for r in rows if r["status"] == k) for k in ("done", "failed", "pending")}
-    index = {"updated_at": _now(), "total": len(rows), "counts": counts, "items": rows}
+    total = batch_usage(records)
+    usage_total = {"items": total.items, "policy_calls": total.policy_calls, "prompt_tokens": total.prompt_tokens,
+                   "sampled_tokens": total.sampled_tokens, "cost_usd": total.cost_usd,
+                   "cost": format_cost(total.cost_usd)}
+    index = {"updated_at": _now(), "total": len(rows), "counts": counts, "usage": usage_total, "items": rows}
     json_path, md_path = out_dir / INDEX_JSON, out_dir / INDEX_MD
     write_atomic(json_path, json.dumps(index, indent=2, ensure_ascii=False) + "\n")
     lines = [
         "# Batch reports", "",
         (f"{len(rows)} item(s): {counts['done']} done, {counts['failed']} failed, {counts['pending']} pending "
          f"(updated {index['updated_at']})."), "",
-        "| id | status | question | seconds | report or error |", "|---|---|---|---:|---|",
+        (f"Policy tokens over {total.items} item(s): {total.prompt_tokens:,} read, {total.sampled_tokens:,} sampled; "
+         f"cost {format_cost(total.cost_usd)} (the judge's tokens are per session: `rubricem sessions show`)."), "",
+        "| id | status | question | seconds | tokens read / sampled | cost | report or error |",
+        "|---|---|---|---:|---:|---:|---|",
     ]  # fmt: skip
     for r in rows:
         what = f"[{r['report']}]({r['report']})" if r["report"] else _cell(
             f"{r['error_kind'] or ''} error: {r['error']}" if r["error"] else "", 120)
         seconds = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
         question = _cell(r["question"], 80) or "*(empty)*"
-        lines.append(f"| {r['id']} | {r['status']} | {question} | {seconds} | {what} |")
+        tokens = "" if r["cost"] is None else f"{r['prompt_tokens'] or 0:,} / {r['sampled_tokens'] or 0:,}"
+        lines.append(f"| {r['id']} | {r['status']} | {question} | {seconds} | {tokens} | {r['cost'] or ''} "
+                     f"| {what} |")
     write_atomic(md_path, "\n".join(lines) + "\n")
     return md_path, json_path
 
@@ -368,6 +433,7 @@ async def run_batch(
     concurrency: int = 1,
     options: RunOptions | None = None,
     progress: BatchProgress | None = None,
+    prices: PriceTable | None = None,
 ) -> BatchSummary:
     """Research every item that is not finished yet, at most `concurrency` sessions at a time, and rebuild the index.
 
@@ -383,6 +449,7 @@ async def run_batch(
         concurrency: Sessions running at once (>= 1).
         options: Run options for every item (default: the service's defaults); an item's format overrides.
         progress: Receives ItemStarted / ItemFinished events.
+        prices: The price table (`Settings.prices`) the items' costs are figured under; None: an empty one.
 
     Raises:
         BatchInputError: concurrency < 1, duplicate or unusable ids, or `out_dir` is not a folder.
@@ -413,7 +480,7 @@ async def run_batch(
         emit(ItemFinished(result, finished, total))
 
     async def one(item: BatchItem) -> None:
-        finish(await _process(service, item, out_dir, base, slots, emit))
+        finish(await _process(service, item, out_dir, base, slots, emit, prices or {}))
 
     try:
         async with asyncio.TaskGroup() as group:  # an unexpected error cancels the other sessions (marked failed)
@@ -429,13 +496,13 @@ async def run_batch(
         skipped=sum(1 for r in ordered if r.status == "skipped"), seconds=seconds,
         throughput_per_min=60.0 * done / seconds if done and seconds > 0 else 0.0, concurrency=concurrency,
         policy_version=service.policy.policy_version, items=ordered, out_dir=out_dir, index_md=md_path,
-        index_json=json_path,
+        index_json=json_path, usage=batch_usage([read_record(out_dir, it) for it in items]),
     )  # fmt: skip
 
 
 async def _process(
     service: ResearchService, item: BatchItem, out_dir: Path, base: RunOptions, slots: asyncio.Semaphore,
-    emit: BatchProgress,
+    emit: BatchProgress, prices: PriceTable,
 ) -> ItemResult:
     record = read_record(out_dir, item)
     if record is not None and record["status"] == "done":
@@ -456,20 +523,24 @@ async def _process(
             outcome = await service.run(item.question, opts, source="batch")
         except InputError as exc:
             return _fail(out_dir, item, "input", str(exc), None, time.monotonic() - t0)
-        except RunFailedError as exc:
-            return _fail(out_dir, item, "run", str(exc), exc.session_id, time.monotonic() - t0)
+        except RunFailedError as exc:  # the failed session spent tokens too
+            return _fail(out_dir, item, "run", str(exc), exc.session_id, time.monotonic() - t0,
+                         _usage_of(service, exc.session_id, prices))
         except Exception as exc:  # noqa: BLE001 - a store or policy error before the session existed: this item only
             return _fail(out_dir, item, "run", f"{type(exc).__name__}: {exc}", None, time.monotonic() - t0)
+    usage = _usage_of(service, outcome.session_id, prices)
     try:
-        _write_done(out_dir, item, outcome, opts)
+        _write_done(out_dir, item, outcome, opts, usage)
     except OSError as exc:
-        return _fail(out_dir, item, "run", f"could not write the report: {exc}", outcome.session_id, outcome.seconds)
+        return _fail(out_dir, item, "run", f"could not write the report: {exc}", outcome.session_id, outcome.seconds,
+                     usage)
     return ItemResult(item.id, "done", "done", session_id=outcome.session_id, seconds=outcome.seconds)
 
 
-def _fail(out_dir: Path, item: BatchItem, kind: ErrorKind, error: str, sid: str | None, seconds: float) -> ItemResult:
+def _fail(out_dir: Path, item: BatchItem, kind: ErrorKind, error: str, sid: str | None, seconds: float,
+          usage: dict[str, Any] | None = None) -> ItemResult:
     try:
-        _write_failure(out_dir, item, kind, error, sid, seconds)
+        _write_failure(out_dir, item, kind, error, sid, seconds, usage)
     except OSError as exc:  # the failure is still reported in this run's summary
         error = f"{error} (and its record could not be written: {exc})"
     return ItemResult(item.id, "failed", "failed", error, kind, sid, seconds)

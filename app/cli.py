@@ -110,6 +110,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
+    from agent.accounting import format_cost, usage_of, usages
     from store.session_log import SessionLog
 
     settings = Settings()
@@ -121,8 +122,11 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         rows = log.list_sessions(limit=args.limit, status=args.status, sources=args.source, owner=args.user)
         if not rows:
             print("no sessions")
+        costs = usages(log, [r.session_id for r in rows], settings.prices)  # policy and judge, under the price table
         for r in rows:
-            print(f"{r.session_id}  {r.shown_status:<11}  {r.source:<7}  {r.created_at}  {_short(r.question, 70)}")
+            cost = format_cost(costs[r.session_id].total_cost) if r.session_id in costs else "-"
+            print(f"{r.session_id}  {r.shown_status:<11}  {r.source:<7}  {r.created_at}  {cost:>9}  "
+                  f"{_short(r.question, 70)}")
         return 0
     rec = log.get(args.session_id)
     traj = rec.trajectory
@@ -143,13 +147,32 @@ def cmd_sessions(args: argparse.Namespace) -> int:
             f"{name}={'-' if v.get('score') is None else format(v['score'], '.2f')}" for name, v in stages.items()
         )
         print(f"judgement {j.created_at} {j.status} {j.judge_kind}/{j.judge_model}: {scores or j.error}")
+    usage = usage_of(log, rec.session_id, settings.prices)
+    if usage is not None:
+        print(_usage_table(usage, settings.prices))
     if args.turns:
         for i, t in enumerate(traj.turns):
-            print(f"--- turn {i}: {t.stage} / {t.kind} / {len(t.token_ids)} tokens / {t.policy_version}")
+            read = f" / read {t.prompt_tokens}" if t.prompt_tokens is not None else ""
+            print(f"--- turn {i}: {t.stage} / {t.kind} / {len(t.token_ids)} tokens{read} / {t.policy_version}")
             print(t.text)
     if rec.report:
         print("\n" + rec.report)
     return 0
+
+
+def _usage_table(usage: Any, prices: Any) -> str:
+    """`sessions show`'s tokens-and-cost table (agent.accounting.usage_rows): calls, prompt and output tokens, cost."""
+    from agent.accounting import format_cost, prices_note, unpriced_models, usage_rows
+
+    lines = [f"tokens    {prices_note(prices)}",
+             f"  {'':<9}{'calls':>6}{'prompt':>11}{'output':>9}{'cost':>11}  (output: sampled, or the judge's)"]
+    for row in usage_rows(usage):
+        lines.append(f"  {row.label:<9}{row.calls:>6}{row.prompt_tokens:>11,}{row.output_tokens:>9,}"
+                     f"{format_cost(row.cost):>11}  {row.note}".rstrip())
+    missing = unpriced_models(usage)
+    if missing:
+        lines.append(f"  unknown cost: the price table does not list {', '.join(missing)}")
+    return "\n".join(lines)
 
 
 def cmd_judge(args: argparse.Namespace) -> int:
@@ -185,7 +208,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from app.container import build, build_judge_client
     from learning.eval.datasets import bench_spec, load_benchmark
-    from learning.eval.runner import run_eval
+    from learning.eval.runner import run_eval, run_eval_seeds
 
     settings = with_adapter(Settings(), args.adapter)
     progress = Progress()
@@ -194,6 +217,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise InputError(f"--data {data}: no such folder or file")
     if args.limit is not None and args.limit < 1:
         raise InputError("--limit must be at least 1")
+    if args.runs < 1:
+        raise InputError("--runs must be at least 1")
     if bench_spec(args.bench).needs_judge and not settings.learning.judge.base_url:
         raise InputError(f"{args.bench} is scored by an LLM grader: set RUBRICEM_LEARNING__JUDGE__BASE_URL and "
                          "RUBRICEM_LEARNING__JUDGE__MODEL (see README, 'Judging and evaluation')")
@@ -209,6 +234,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     def tick(label: str) -> Any:
         return lambda done, total, item_id: progress.say(f"{label}[{done}/{total}] {item_id}")
 
+    def run_tick(label: str) -> Any:
+        return lambda run, done, total, item_id: progress.say(
+            f"{label}run {run}/{args.runs} [{done}/{total}] {item_id}")
+
     runs: list[tuple[str, Any, Path]] = [("agent", services.research, out / "agent" if args.baseline else out)]
     if args.baseline == "rag":
         from learning.eval.baseline import RagBaseline
@@ -218,12 +247,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
         runs.insert(0, (f"rag k={args.k}", RagBaseline(services.policy, services.tools["local_search"], args.k),
                         out / "rag"))
 
+    async def one(label: str, service: Any, run_out: Path) -> Any:
+        shown = f"{label} " if args.baseline else ""
+        common: dict[str, Any] = {"service": service, "options": options, "out_dir": run_out, "limit": args.limit,
+                                  "judge": judge, "inject_bank": args.inject_bank, "answer_format": args.format,
+                                  "prices": settings.prices}
+        if args.runs == 1:  # one run keeps the single-run layout: items.jsonl and the summary in OUT itself
+            return await run_eval(args.bench, data, progress=tick(shown), **common)
+        return await run_eval_seeds(args.bench, data, runs=args.runs, progress=run_tick(shown), **common)
+
     async def go() -> list[Any]:
         try:
-            return [await run_eval(args.bench, data, service=service, options=options, out_dir=run_out,
-                                   limit=args.limit, judge=judge, progress=tick(f"{label} " if args.baseline else ""),
-                                   inject_bank=args.inject_bank, answer_format=args.format)
-                    for label, service, run_out in runs]
+            return [await one(label, service, run_out) for label, service, run_out in runs]
         finally:
             await services.policy.aclose()
             if judge is not None:
@@ -231,11 +266,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     summaries = asyncio.run(go())
     for (label, _, _), summary in zip(runs, summaries, strict=True):
-        print(f"{summary.bench} [{label}]: {summary.n} items, {summary.n_failed} failed runs, policy "
-              f"{summary.policy_version}, bank injection {summary.injection}, judge {summary.judge_model or 'none'}")
-        for name, value in summary.metrics.items():
-            print(f"  {name:<22} {value:.4f}" if isinstance(value, float) else f"  {name:<22} {value}")
-        print(f"items {summary.items_path}\nsummary {summary.summary_md}\nplot {summary.plot_path}")
+        _print_eval(label, summary, args.runs)
     if args.baseline:
         from learning.eval.report import write_comparison
 
@@ -243,6 +274,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          {label: s.to_dict() for (label, _, _), s in zip(runs, summaries, strict=True)})
         print(f"comparison {out / 'comparison.md'}\nplot {out / 'comparison.png'}")
     return 0
+
+
+def _print_eval(label: str, summary: Any, runs: int) -> None:
+    """One evaluation's outcome on stdout: its metrics (over several seeds: mean ± sample std), tokens and cost."""
+    from agent.accounting import format_cost
+    from learning.eval.report import mean_std_text
+
+    items = f"{summary.n} items" if runs == 1 else f"{runs} runs (seeds {', '.join(map(str, summary.seeds))}) × " \
+        f"{summary.n} items"
+    print(f"{summary.bench} [{label}]: {items}, {summary.n_failed} failed runs, policy {summary.policy_version}, "
+          f"bank injection {summary.injection}, judge {summary.judge_model or 'none'}")
+    for name, value in summary.metrics.items():
+        if runs > 1:
+            print(f"  {name:<22} {mean_std_text(value, summary.metrics_std.get(name))}")
+        else:
+            print(f"  {name:<22} {value:.4f}" if isinstance(value, float) else f"  {name:<22} {value}")
+    t, c = summary.tokens, summary.cost_usd
+    print(f"tokens policy {t['policy_prompt']} in / {t['policy_sampled']} out ({t['policy_calls']} calls), judge "
+          f"{t['judge_prompt']} in / {t['judge_completion']} out; cost {format_cost(c['total'])} (policy "
+          f"{summary.policy_model} {format_cost(c['policy'])}, judge {format_cost(c['judge'])})")
+    if runs > 1:
+        print(f"runs {', '.join(str(r.out_dir) for r in summary.runs)}\nsummary {summary.summary_md}")
+    else:
+        print(f"items {summary.items_path}\nsummary {summary.summary_md}\nplot {summary.plot_path}")
 
 
 def _parse_date(text: str) -> Any:
@@ -291,12 +346,17 @@ def parser() -> argparse.ArgumentParser:
     jud.add_argument("--since", help="only sessions finished at or after this ISO date/time (UTC if no zone)")
     jud.add_argument("--limit", type=int, help="at most this many sessions")
     jud.set_defaults(func=cmd_judge)
-    evl = sub.add_parser("eval", help="run the agent on a benchmark and score it with that benchmark's method")
+    evl = sub.add_parser("eval", help="run the agent on a benchmark and score it with that benchmark's method; "
+                         "tokens and cost (RUBRICEM_PRICES) per item and in total")
     evl.add_argument("bench", help="hotpotqa, musique, 2wikimultihopqa, bamboogle, simpleqa, frames, shortform, "
                      "healthbench, deep_research_bench, scholarqa_cs, rubric-pairs (DeepRubric pairs)")
     evl.add_argument("--data", required=True, help="the benchmark's data folder (rubric-pairs: a pairs.jsonl)")
     evl.add_argument("--limit", type=int, help="at most this many items")
     evl.add_argument("--out", help="output folder (default eval-runs/BENCH); a rerun resumes")
+    evl.add_argument("--runs", type=int, default=1, metavar="N", help="repeat the whole evaluation over N seeds: "
+                     "--seed, --seed+1, ... (0, 1, ... without --seed), run K in OUT/run-K/, and report each metric's "
+                     "mean and sample standard deviation over the runs in OUT/summary.json and summary.md (default 1: "
+                     "one run, in OUT)")
     evl.add_argument("--inject-bank", action="store_true", help="retrieve rubric-bank reflections (off, as in the paper)")
     evl.add_argument("--max-tool-calls", type=int, dest="max_tool_calls")
     evl.add_argument("--seed", type=int)

@@ -66,6 +66,13 @@ def summary_table(s: BatchSummary, source: Path) -> str:
         f"  {'seconds':<11}{s.seconds:>8.1f}",
         f"  {'throughput':<11}{s.throughput_per_min:>8.2f} sessions/min (reports completed in this run)",
     ]
+    if s.usage is not None:
+        from agent.accounting import format_cost
+
+        u = s.usage
+        lines += [f"  {'tokens':<11}{u.prompt_tokens:>8,} read, {u.sampled_tokens:,} sampled by the policy "
+                  f"({u.policy_calls} calls, {u.items} item(s))",
+                  f"  {'cost':<11}{format_cost(u.cost_usd):>8} (policy; the judge's is per session)"]
     failed = [r for r in s.items if r.recorded == "failed"]
     if failed:
         lines.append(f"{len(failed)} item(s) without a report:")
@@ -97,7 +104,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     async def go() -> BatchSummary:
         try:
             return await run_batch(services.research, items, out, concurrency=args.concurrency, options=options,
-                                   progress=progress)
+                                   progress=progress, prices=settings.prices)
         finally:
             await services.policy.aclose()
 

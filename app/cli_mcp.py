@@ -1,4 +1,5 @@
-"""`rubricem mcp`: serve the agent as an MCP server (stdio for desktop clients, or streamable HTTP on a port)."""
+"""`rubricem mcp`: serve the agent as an MCP server (stdio for desktop clients, or streamable HTTP on a port; over
+HTTP it also answers GET /metrics for Prometheus, see `app.mcp_server.mount_metrics`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     import anyio
 
     from app.container import build
-    from app.mcp_server import build_server, check_bind, transport_security
+    from app.mcp_server import build_server, check_bind, mount_metrics, transport_security
+    from app.metrics import METRICS_PATH, metrics_registry
 
     settings = Settings()
     cfg = settings.mcp
@@ -27,6 +29,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if transport == "http":  # McpAccessError (a ValueError) before anything loads
         check_bind(host, token)
         security = transport_security(host, port, cfg.allowed_hosts)
+        if cfg.path.rstrip("/") == METRICS_PATH:
+            raise ValueError(f"RUBRICEM_MCP__PATH cannot be {METRICS_PATH}: the HTTP server serves Prometheus there")
     progress = Progress(args.quiet)
     # stdio: stdout carries protocol messages only, so whatever loading prints goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):
@@ -34,6 +38,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     url = f"http://{host}:{port}{cfg.path}"
     server = build_server(services, token=token if transport == "http" else None, base_url=url,
                           on_event=progress.event, owner=cfg.owner, max_concurrent_runs=cfg.max_concurrent_runs)
+    if transport == "http":
+        mount_metrics(server, metrics_registry(services.log), token=token, security=security, path=METRICS_PATH)
 
     async def serve() -> None:
         try:
@@ -42,7 +48,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                 await server.run_stdio_async()
             else:
                 how = "bearer token required" if token else "open on loopback"
-                progress.say(f"rubricem mcp on {url} as {cfg.owner!r} ({how}); Ctrl-C stops it")
+                progress.say(f"rubricem mcp on {url} as {cfg.owner!r} ({how}; Prometheus: {METRICS_PATH}); "
+                             "Ctrl-C stops it")
                 await server.run_streamable_http_async(host=host, port=port, streamable_http_path=cfg.path,
                                                        transport_security=security)
         finally:

@@ -14,6 +14,7 @@ from typing import Any
 
 from chromadb.api import ClientAPI
 
+from agent import telemetry
 from agent.config import SHIPPED_SFT_ADAPTER
 from agent.errors import AgentError, ToolConfigError
 from agent.ingest import DEMO_SOURCE_PREFIX, ensure_demo_corpus
@@ -38,9 +39,20 @@ class ConfigurationError(AgentError):
     """The settings cannot produce a working setup (the message says what to change)."""
 
 
+def enable_tracing(settings: Settings) -> bool:
+    """Export this process's spans by OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set (issue 36); off and free otherwise.
+
+    Called wherever a process builds what runs sessions, judges or cycles (`build`, `build_policy`, `build_judge`,
+    `build_judge_client`, and so every entry point: the CLI, the UI, the scheduler, the MCP server, batch); the
+    first call configures the process, later ones do nothing. Whether it is on is said once through the log.
+    """
+    return telemetry.configure_tracing(settings.tracing_options())
+
+
 def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient:
     """The policy client the settings ask for: one vLLM or llama.cpp server, or a `ReplicaSet` over several vLLM
     replicas (`policy_base_urls` with more than one URL)."""
+    enable_tracing(settings)
     cfg = settings.agent
     key = cfg.policy_api_key.get_secret_value() if cfg.policy_api_key else None
     urls = cfg.policy_urls
@@ -158,6 +170,7 @@ class Services:
 def build(settings: Settings | None = None, say: Say = lambda _m: None, progress: Progress | None = None) -> Services:
     """Build every service for a research run."""
     settings = settings or Settings()
+    enable_tracing(settings)
     settings.store.data_dir.mkdir(parents=True, exist_ok=True)
     policy = build_policy(settings, say)  # configuration errors surface before any indexing work
     log = SessionLog.from_config(settings.store)
@@ -197,6 +210,7 @@ def build_judge_client(settings: Settings) -> Any:
     """The JSON judge client for a configured judge endpoint (ConfigurationError when the settings are unusable)."""
     from learning.judge.client import JudgeClient
 
+    enable_tracing(settings)
     cfg = settings.learning.judge
     if not cfg.model.strip():
         raise ConfigurationError("a judge endpoint is set but no judge model: set RUBRICEM_LEARNING__JUDGE__MODEL")
@@ -209,6 +223,7 @@ def build_judge_client(settings: Settings) -> Any:
 
 def build_judge(settings: Settings, log: SessionLog, say: Say = lambda _m: None) -> Any:
     """The LLM judge when a judge endpoint is configured, else the offline (approximate) judge."""
+    enable_tracing(settings)
     cfg = settings.learning.judge
     if cfg.base_url:
         from learning.judge.llm import LLMJudge

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agent.accounting import PriceTable, UsageTotals, total_usage, usages
 from store.db import Backend, json_number
 from store.errors import InvalidInput
 from store.records import STAGES, Stage
@@ -25,6 +26,7 @@ __all__ = [
     "alias_history",
     "bank_size",
     "cycle_rows",
+    "cycle_usage",
     "stage_reward_curve",
     "stage_reward_points",
     "summary",
@@ -91,6 +93,8 @@ class CycleRow:
     candidate_score: float | None = None
     live_score: float | None = None
     numbers: Mapping[str, Any] = field(default_factory=dict)  # everything the cycle recorded
+    window_start: str | None = None  # its data window: sessions finished in (window_start, window_end]
+    window_end: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +208,7 @@ def _cycle_row(c: Cycle) -> CycleRow:
         finished_at=c.finished_at, new_sessions=_count(n.get("new_sessions")),
         skipped_sessions=_count(n.get("skipped_sessions")), judged=_count(n.get("judged")),
         judge_failures=_count(n.get("judge_failures")), candidate_score=_number(n.get("candidate_score")),
-        live_score=_number(n.get("live_score")), numbers=n,
+        live_score=_number(n.get("live_score")), numbers=n, window_start=c.window_start, window_end=c.window_end,
     )
 
 
@@ -243,6 +247,30 @@ def cycle_rows(registry: Registry, limit: int = 50) -> list[CycleRow]:
         limit: At most this many cycles.
     """
     return [_cycle_row(c) for c in registry.cycles(limit)]
+
+
+def cycle_usage(registry: Registry, rows: Iterable[CycleRow], prices: PriceTable) -> dict[str, UsageTotals]:
+    """Tokens and cost of each cycle that judged its data window: the policy's tokens serving the window's sessions
+    and the judge's tokens on them (their judgements), priced under the table (`agent.accounting`).
+
+    What the session log cannot say is not in it: the training rollouts and the promotion-gate probes run on the
+    trainer's own logs (DATA_DIR/runs, DATA_DIR/retrain), and a cycle records no token counts of its own. The window
+    is read as it is now (a session opted out or deleted since is no longer counted), and a failed cycle's window is
+    retried by the next one, so sessions can count in both. Cycles that never judged (skipped, or failed before
+    judging) have no entry.
+
+    Args:
+        registry: The policy registry (its session log holds the sessions).
+        rows: Cycles from `cycle_rows`.
+        prices: The price table (`Settings.prices`).
+    """
+    out: dict[str, UsageTotals] = {}
+    for row in rows:
+        if "judged" not in row.numbers or not row.window_end:
+            continue
+        ids = registry.sessions_in_window(row.window_start, row.window_end)
+        out[row.cycle_id] = total_usage(usages(registry.log, ids, prices).values())
+    return out
 
 
 def _points_sql(backend: Backend) -> str:

@@ -16,6 +16,9 @@ is always set explicitly: the Host header must name the bind address (or `RUBRIC
 browser page cannot reach a local server through a name it controls. At most `RUBRICEM_MCP__MAX_CONCURRENT_RUNS`
 research runs go at once; a call over the limit is refused at once (an MCP client's call would otherwise wait minutes
 with no answer).
+
+Over HTTP the server also answers `GET /metrics` for Prometheus (`mount_metrics`, issue 36), under the same two rules
+as the MCP endpoint: the token when one is set, and the Host check.
 """
 
 # No `from __future__ import annotations`: the SDK reads the tool functions' annotations as real types.
@@ -30,9 +33,13 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 from pydantic import BaseModel, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
 
 from agent.config import FormatLabel, RunOptions
 from agent.errors import InputError
@@ -347,6 +354,37 @@ class StaticTokenVerifier:
         if hmac.compare_digest(token.encode(), self._token):
             return AccessToken(token="***", client_id="rubricem-mcp-client", scopes=[])
         return None
+
+
+def mount_metrics(app: MCPServer, registry: CollectorRegistry, *, token: str | None,
+                  security: TransportSecuritySettings | None, path: str = "/metrics") -> None:
+    """Answer `GET path` (default /metrics) on the HTTP transport with the Prometheus text of `registry`.
+
+    The decision (SECURITY.md): with a token set, /metrics asks for the same bearer token as the MCP endpoint
+    (Prometheus sends it with `authorization: {credentials_file: ...}` in its scrape config). The numbers are not
+    secret in themselves, but they tell who can reach the port how much research is going on, when, with which tools
+    and which policy version, and one rule for the whole port is easier to get right than two. Without a token (the
+    server then binds only loopback: `check_bind`) it is open, like the MCP endpoint. The DNS-rebinding check
+    (`security`, the Host and Origin headers) applies too, so a web page cannot read it through a name it controls.
+
+    The SDK's custom routes bypass its auth and Host checks, so this route does both itself. The registry is read on
+    a worker thread: a scrape queries the store, and must not stall the event loop that runs research.
+    """
+    guard = TransportSecurityMiddleware(security) if security is not None else None
+    verifier = StaticTokenVerifier(token) if token else None
+
+    @app.custom_route(path, methods=["GET"], include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        if guard is not None and (refused := await guard.validate_request(request, is_post=False)) is not None:
+            return refused
+        if verifier is not None:
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or await verifier.verify_token(given.strip()) is None:
+                return Response("a bearer token is required\n", status_code=401,
+                                headers={"WWW-Authenticate": 'Bearer realm="rubricem-metrics"'})
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        body = await asyncio.to_thread(encoder, registry)
+        return Response(body, media_type=content_type)
 
 
 def build_server(

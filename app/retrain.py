@@ -19,6 +19,7 @@ from app.container import (
     base_adapter,
     build_judge,
     build_policy,
+    enable_tracing,
     ensure_corpus,
     open_index,
 )
@@ -180,6 +181,7 @@ class RetrainApp:
 
     def __init__(self, settings: Settings, say: Say = lambda _m: None) -> None:
         """Open the session log, registry, judges and (lazily) the probe policy."""
+        enable_tracing(settings)  # the cycle's spans (learning.pipeline.retrain) are exported like a session's
         self.settings, self.say = settings, say
         self.log = SessionLog.from_config(settings.store)
         self.registry = Registry(self.log)

@@ -1,7 +1,11 @@
 """Periodic retraining: APScheduler runs the cycle on a cron or interval from settings, only with enough new
 sessions, never two at once (the cycle lock: an exclusive file lock on DATA_DIR/retrain.lock across the processes of
 one host, or a PostgreSQL advisory lock across hosts when the store is PostgreSQL), and every run is recorded in the
-registry's cycles (skips included, with their reason)."""
+registry's cycles (skips included, with their reason).
+
+The scheduler process also serves the Prometheus endpoint (issue 36, `app.metrics`) on
+RUBRICEM_TELEMETRY__METRICS_HOST:METRICS_PORT (default 127.0.0.1:9464; port 0 turns it off). It has no token: bind
+it to loopback or to a private network (docker/compose.yaml publishes no port for it), see SECURITY.md."""
 
 from __future__ import annotations
 
@@ -13,13 +17,17 @@ import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agent import telemetry
 from app.container import Say
 from app.settings import Settings
 from store.config import StoreConfig
 from store.db import advisory_lock
 from store.errors import LockHeld
+
+if TYPE_CHECKING:
+    from app.metrics import MetricsServer
 
 _log = logging.getLogger(__name__)
 
@@ -87,6 +95,7 @@ async def run_cycle(settings: Settings, *, trigger: str, force: bool, say: Say =
             from store.session_log import SessionLog
 
             Registry(SessionLog.from_config(settings.store)).record_skip(trigger, str(exc), {})
+            telemetry.cycle_finished("skipped")  # recorded as a skip, so counted as one here too
         raise
 
 
@@ -115,8 +124,35 @@ def scheduled_job(settings: Settings) -> None:
         _log.exception("scheduled retraining cycle failed")
 
 
+def serve_metrics(settings: Settings) -> MetricsServer | None:
+    """Start the scheduler's Prometheus endpoint on telemetry.metrics_host:metrics_port (None when the port is 0):
+    this process's instruments plus the store's sessions, cycles and live version, read at each scrape.
+
+    Raises:
+        MetricsPortInUse: the address is taken (an OSError: the CLI prints it and exits 2), naming the settings.
+    """
+    cfg = settings.telemetry
+    if cfg.metrics_port == 0:
+        return None
+    from app.metrics import metrics_registry, start_metrics_server
+    from store.session_log import SessionLog
+
+    log = SessionLog.from_config(settings.store)  # held for the process's life: every scrape reads it
+    try:
+        return start_metrics_server(metrics_registry(log), cfg.metrics_host, cfg.metrics_port)
+    except OSError:
+        log.close()
+        raise
+
+
 def build_scheduler(settings: Settings, blocking: bool = True) -> Any:
-    """An APScheduler scheduler with the retraining job on the configured cron or interval."""
+    """An APScheduler scheduler with the retraining job on the configured cron or interval.
+
+    The blocking one is `rubricem scheduler`'s foreground process: it also serves the Prometheus endpoint
+    (`serve_metrics`), started here, before any job, so that a port in use stops the command with the settings to
+    change; it stops when the scheduler shuts down.
+    """
+    from apscheduler.events import EVENT_SCHEDULER_SHUTDOWN
     from apscheduler.schedulers.background import BackgroundScheduler
     from apscheduler.schedulers.blocking import BlockingScheduler
     from apscheduler.triggers.cron import CronTrigger
@@ -134,4 +170,7 @@ def build_scheduler(settings: Settings, blocking: bool = True) -> Any:
     every = max(60.0, settings.sessions.lease_s)
     sched.add_job(sweep, IntervalTrigger(seconds=every), args=[settings], id="sweep", max_instances=1, coalesce=True,
                   next_run_time=datetime.now(UTC))
+    server = serve_metrics(settings) if blocking else None
+    if server is not None:
+        sched.add_listener(lambda _event: server.close(), EVENT_SCHEDULER_SHUTDOWN)
     return sched

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from agent import telemetry
 from agent.approval import PlanDecision, PlanForApproval
 from agent.checkpoint import open_checkpointer
 from agent.clarify import ClarificationAnswer
@@ -23,6 +24,7 @@ from agent.deps import AgentDeps
 from agent.errors import AgentError, InputError
 from agent.protocols import PolicyClient, ReflectionBank, SearchTool
 from agent.report import Embed, Report, attribute_report, report_fields
+from agent.sequence import policy_model
 from agent.run import (
     PausedRun,
     RejectedRun,
@@ -38,6 +40,7 @@ from app import events as ev
 from app.durable import DurableSessions, Heartbeat, LeaseLost, LeaseTiming
 from app.outcomes import EventSink, ResearchPaused, ResearchRejected, RunFailedError  # re-exported here too
 from store.errors import StoreError
+from store.owner import current_actor
 from store.records import STAGES, PromptRecord, Retrieval, SessionSource, ToolCallRecord, Trajectory, Turn
 from store.session_log import SessionLog
 from store.session_log.checkpoints import SessionRuns
@@ -64,6 +67,13 @@ class ResearchOutcome:
 
 
 REJECTED_ERROR = "the user rejected the plan"
+
+
+def outcome_status(outcome: object) -> str:
+    """How a run that returned ended, for its span and the finished-sessions counter: completed, paused, rejected."""
+    if isinstance(outcome, ResearchPaused):
+        return "paused"
+    return "rejected" if isinstance(outcome, ResearchRejected) else "completed"
 
 
 class _SessionRecorder:
@@ -273,13 +283,15 @@ class ResearchService:
         deps = AgentDeps(policy=self.policy, tools=self._tools(tools), options=opts, call_ids=CallIdFactory(opts.seed),
                          approve_plan=approve_plan)
         started = time.monotonic()
+        began_ns = time.time_ns()  # the session's span starts here, before its id exists
         await self.sync_live(sink)
         try:
             refs = await self.references(question, opts, sink)
             prompt = await render_prompt(question, deps, refs)
             clarify_with = clarify_context(question, deps, refs) if asks else None
             version = self.policy.policy_version
-            sid = self.log.create_session(question, prompt, opts.model_dump(mode="json"), version, source=source)
+            sid = self.log.create_session(question, prompt, opts.model_dump(mode="json"), version, source=source,
+                                          policy_model=policy_model(deps))  # what the price table prices
             if refs.hits:
                 self.log.set_flags(sid, injected_bank_items=refs.item_ids)
         except Exception as exc:  # nothing was written: report it typed, without a session id
@@ -289,26 +301,32 @@ class ResearchService:
             raise RunFailedError(None, f"{type(exc).__name__}: {exc}") from exc
         bank_meta = {"mode": refs.mode,
                      "items": [{"id": h.item.id, "similarity": round(h.similarity, 4)} for h in refs.hits]}
-        beat = Heartbeat(self.log, sid, self.lease).start()  # this process holds the session while it runs
-        try:
-            sink(ev.SessionStarted(sid, version))
-            if refs.hits:
-                sink(ev.ReferencesInjected(refs.mode, tuple(
-                    ev.BankReference(h.item.id, h.item.question, round(h.similarity, 4)) for h in refs.hits)))
-            deps.recorder = _SessionRecorder(self.log, sid, sink, beat.check)
-            if self.durable is None:
-                result: RunResult | PausedRun | RejectedRun = await execute(sid, question, prompt, deps, refs.item_ids)
-                return await self._complete(sid, result, bank_meta, started, sink, version)
-            self.durable.runs.start(sid, sid)
-            return await self._drive(sid, question, prompt, deps, bank_meta, started, sink, version, start=True,
-                                     injected=refs.item_ids, clarify_with=clarify_with)
-        except BaseException as exc:  # whatever stopped the run (even Ctrl-C), the session is marked failed
-            self._fail(sid, exc, started, sink, beat)
-            if isinstance(exc, Exception):
-                raise RunFailedError(sid, f"{type(exc).__name__}: {exc}") from exc
-            raise
-        finally:
-            beat.stop(release=True)
+        with telemetry.session_span(sid, owner=current_actor().owner, policy_version=version, question=question,
+                                    source=source, start_ns=began_ns) as traced:
+            beat = Heartbeat(self.log, sid, self.lease).start()  # this process holds the session while it runs
+            try:
+                sink(ev.SessionStarted(sid, version))
+                if refs.hits:
+                    sink(ev.ReferencesInjected(refs.mode, tuple(
+                        ev.BankReference(h.item.id, h.item.question, round(h.similarity, 4)) for h in refs.hits)))
+                deps.recorder = _SessionRecorder(self.log, sid, sink, beat.check)
+                if self.durable is None:
+                    result: RunResult | PausedRun | RejectedRun = await execute(sid, question, prompt, deps,
+                                                                                refs.item_ids)
+                    return await self._complete(sid, result, bank_meta, started, sink, version)
+                self.durable.runs.start(sid, sid)
+                outcome = await self._drive(sid, question, prompt, deps, bank_meta, started, sink, version,
+                                            start=True, injected=refs.item_ids, clarify_with=clarify_with)
+                traced.status = outcome_status(outcome)
+                return outcome
+            except BaseException as exc:  # whatever stopped the run (even Ctrl-C), the session is marked failed
+                traced.status = "taken_over" if beat.lost else "failed"
+                self._fail(sid, exc, started, sink, beat)
+                if isinstance(exc, Exception):
+                    raise RunFailedError(sid, f"{type(exc).__name__}: {exc}") from exc
+                raise
+            finally:
+                beat.stop(release=True)
 
     def _fail(self, sid: str, exc: BaseException, started: float, sink: EventSink, beat: Heartbeat) -> None:
         message = f"{type(exc).__name__}: {exc}"
@@ -403,6 +421,7 @@ class ResearchService:
 
         sink = on_event or (lambda e: None)
         started = time.monotonic()
+        began_ns = time.time_ns()
         plan = await prepare_resume(self, session_id, decision, sink)
         if isinstance(plan, ResearchPaused):
             return plan
@@ -410,18 +429,24 @@ class ResearchService:
         sink(ev.SessionResumed(session_id, dropped))
         if isinstance(decision, PlanDecision):
             sink(ev.Note("plan_decision", {"action": decision.action}))
-        beat = Heartbeat(self.log, session_id, self.lease).start()  # prepare_resume took the lease: keep it
-        try:
-            deps.recorder = _SessionRecorder(self.log, session_id, sink, beat.check)
-            traj = rec.trajectory
-            bank_meta = {"mode": "resumed", "items": [{"id": i} for i in traj.injected_bank_items]}
-            return await self._drive(session_id, rec.question, traj.prompt, deps, bank_meta, started, sink,
-                                     rec.policy_version, start=False, injected=traj.injected_bank_items,
-                                     resume_value=None if decision is None else decision.to_dict())
-        except BaseException as exc:
-            self._fail(session_id, exc, started, sink, beat)
-            if isinstance(exc, Exception):
-                raise RunFailedError(session_id, f"{type(exc).__name__}: {exc}") from exc
-            raise
-        finally:
-            beat.stop(release=True)
+        with telemetry.session_span(session_id, owner=rec.owner, policy_version=rec.policy_version,
+                                    question=rec.question, source=rec.source, resumed=True,
+                                    start_ns=began_ns) as traced:
+            beat = Heartbeat(self.log, session_id, self.lease).start()  # prepare_resume took the lease: keep it
+            try:
+                deps.recorder = _SessionRecorder(self.log, session_id, sink, beat.check)
+                traj = rec.trajectory
+                bank_meta = {"mode": "resumed", "items": [{"id": i} for i in traj.injected_bank_items]}
+                outcome = await self._drive(session_id, rec.question, traj.prompt, deps, bank_meta, started, sink,
+                                            rec.policy_version, start=False, injected=traj.injected_bank_items,
+                                            resume_value=None if decision is None else decision.to_dict())
+                traced.status = outcome_status(outcome)
+                return outcome
+            except BaseException as exc:
+                traced.status = "taken_over" if beat.lost else "failed"
+                self._fail(session_id, exc, started, sink, beat)
+                if isinstance(exc, Exception):
+                    raise RunFailedError(session_id, f"{type(exc).__name__}: {exc}") from exc
+                raise
+            finally:
+                beat.stop(release=True)

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent import telemetry
 from agent.errors import ReplicaError
 from learning.config import RetrainConfig
 from learning.evaluate import GateReport, Probe, adapter_problem, decide, score_version
@@ -70,14 +71,24 @@ async def retrain(parts: RetrainParts, cfg: RetrainConfig, *, trigger: str = "cl
         say(f"resuming {cycle.cycle_id} after stage {cycle.stage}")
     else:
         cycle = reg.start_cycle(trigger, parts.log.now())
-    try:
-        return await _run(parts, cfg, cycle, force, say)
-    except BaseException as exc:
-        if isinstance(exc, Exception):
-            # A policy replica that failed a load (probe or promotion) is named in the record, not only the message.
-            numbers = {"failed_replicas": sorted(exc.failures)} if isinstance(exc, ReplicaError) else None
-            reg.finish_cycle(cycle.cycle_id, "failed", error=f"{type(exc).__name__}: {exc}", numbers=numbers)
-        raise  # KeyboardInterrupt and kills leave the cycle running: the next call resumes it
+    # One span per cycle with a span per phase (issue 36), and the cycle counted by outcome when it ends.
+    with telemetry.cycle_span(cycle.cycle_id, parent_version=reg.live().name) as span:
+        telemetry.set_attrs(span, {"rubricem.cycle.trigger": trigger, "rubricem.cycle.resumed_after": (
+            cycle.stage if cycle.stage != "start" else None)})
+        try:
+            result = await _run(parts, cfg, cycle, force, say)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                # A policy replica that failed a load (probe or promotion) is named in the record, not only the
+                # message.
+                numbers = {"failed_replicas": sorted(exc.failures)} if isinstance(exc, ReplicaError) else None
+                reg.finish_cycle(cycle.cycle_id, "failed", error=f"{type(exc).__name__}: {exc}", numbers=numbers)
+                telemetry.cycle_finished("failed")
+            raise  # KeyboardInterrupt and kills leave the cycle running: the next call resumes it
+        telemetry.set_attrs(span, {"rubricem.cycle.outcome": result.cycle.status,
+                                   "rubricem.cycle.candidate": result.candidate})
+    telemetry.cycle_finished(result.cycle.status)
+    return result
 
 
 async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: bool, say: Say) -> CycleResult:
@@ -89,7 +100,8 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
                                     error=f"{len(sessions)} new session(s) < min_new_sessions {cfg.min_new_sessions}")
             return CycleResult(done, None, None, done.error or "skipped")
         began = time.monotonic()
-        judged = await judge_pending(parts.log, parts.judge, progress=say)
+        with telemetry.phase_span("judge"):
+            judged = await judge_pending(parts.log, parts.judge, progress=say)
         cycle = reg.advance_cycle(cycle.cycle_id, "judged", numbers={
             "new_sessions": len(sessions), "judged": judged.judged, "judge_failures": judged.failed,
             "skipped_sessions": reg.skipped_in_window(cycle.window_start, cycle.window_end),  # no consent / opted out
@@ -101,14 +113,15 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
             done = reg.finish_cycle(cycle.cycle_id, "skipped", error=f"only {len(questions)} distinct question(s)")
             return CycleResult(done, None, None, done.error or "skipped")
         say(f"training from {live.name} on {len(questions)} question(s)")
-        if cfg.sleep_policy_server and parts.sleep is not None:
-            await parts.sleep()  # one GPU: the server's weights and KV cache leave GPU memory while we train
-        began = time.monotonic()
-        try:
-            adapter = await parts.train(cycle, questions, live)
-        finally:
-            if cfg.sleep_policy_server and parts.wake is not None:
-                await parts.wake()
+        with telemetry.phase_span("train"):
+            if cfg.sleep_policy_server and parts.sleep is not None:
+                await parts.sleep()  # one GPU: the server's weights and KV cache leave GPU memory while we train
+            began = time.monotonic()
+            try:
+                adapter = await parts.train(cycle, questions, live)
+            finally:
+                if cfg.sleep_policy_server and parts.wake is not None:
+                    await parts.wake()
         cycle = reg.advance_cycle(cycle.cycle_id, "trained", numbers={
             "questions": len(questions), "trained_adapter": str(adapter),
             "train_seconds": round(time.monotonic() - began, 1)})
@@ -127,7 +140,8 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
         done = reg.finish_cycle(cycle.cycle_id, "rejected", numbers={"reason": problem})
         return CycleResult(done, candidate.name, None, f"{candidate.name} rejected: {problem}")
     began = time.monotonic()
-    gate = await _gate(parts, cfg, candidate, live)
+    with telemetry.phase_span("gate"):
+        gate = await _gate(parts, cfg, candidate, live)
     reg.set_eval_report(candidate.name, gate.as_dict())
     cycle = reg.advance_cycle(cycle.cycle_id, "evaluated", numbers={
         "candidate_score": gate.candidate.total, "live_score": gate.live.total,
@@ -136,8 +150,9 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
         reg.reject(candidate.name, gate.reason)
         done = reg.finish_cycle(cycle.cycle_id, "rejected", numbers={"reason": gate.reason})
         return CycleResult(done, candidate.name, gate, f"{candidate.name} rejected: {gate.reason}")
-    await parts.activate(candidate, live)
-    reg.promote(candidate.name, gate.reason)
+    with telemetry.phase_span("promote"):
+        await parts.activate(candidate, live)
+        reg.promote(candidate.name, gate.reason)
     done = reg.finish_cycle(cycle.cycle_id, "promoted", numbers={"reason": gate.reason})
     return CycleResult(done, candidate.name, gate, f"{candidate.name} promoted: {gate.reason}")
 

@@ -59,12 +59,18 @@ class Turn:
     prompt_sha: str = ""  # hash of the prompt templates in force when the turn was made
     token_source: TokenSource = "server"
     finish_reason: FinishReason | None = None  # sampled turns only
+    # Sampled turns: the context tokens the policy call read (prompt plus every earlier turn), what an API bills as
+    # prompt tokens. None for inserted text, and for turns logged before it was recorded (migration 0012).
+    prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs and len(self.logprobs) != len(self.token_ids):
             raise ValueError(
                 f"turn has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs; they must align"
             )
+        if self.prompt_tokens is not None and (self.kind != "sampled" or self.prompt_tokens < 0):
+            raise ValueError(f"prompt_tokens is a count >= 0 of a sampled turn, got {self.prompt_tokens!r} on a "
+                             f"{self.kind} turn")
 
     @property
     def trainable(self) -> bool:
@@ -193,6 +199,7 @@ class SessionRecord:
     source: SessionSource = "api"
     training_opt_out: bool = False
     owner: str = "local"  # who asked: an account name, an OIDC e-mail or subject, or "local"
+    policy_model: str | None = None  # the served model's name ("embedded" in-process); None before migration 0012
 
 
 def normalise_question(question: str) -> str:

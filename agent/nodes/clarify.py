@@ -16,7 +16,7 @@ from typing import Any, Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
-from agent import prompts
+from agent import prompts, telemetry
 from agent.clarify import (
     DECISION_STOPS,
     DECISION_TOKENS,
@@ -29,6 +29,7 @@ from agent.clarify import (
 from agent.deps import AgentDeps
 from agent.errors import BudgetExceeded
 from agent.protocols import PromptContext
+from agent.sequence import policy_model
 from agent.state import ResearchState
 from store.records import PromptRecord
 
@@ -43,10 +44,14 @@ async def clarify(state: ResearchState, runtime: Runtime[AgentDeps]) -> Command[
     deps.recorder.event("clarifying", {})
     try:
         prompt = await deps.policy.render_prompt(decision_messages(str(context.get("request", ""))))
-        gen = await asyncio.wait_for(
-            deps.policy.generate(prompt, stop=list(DECISION_STOPS), max_tokens=DECISION_TOKENS, temperature=0.0,
-                                 seed=deps.options.seed),
-            timeout=remaining)
+        with telemetry.policy_call(stage="clarify", model=policy_model(deps), input_tokens=len(prompt.token_ids),
+                                   max_tokens=DECISION_TOKENS, temperature=0.0,
+                                   policy_version=deps.policy.policy_version) as traced:
+            gen = await asyncio.wait_for(
+                deps.policy.generate(prompt, stop=list(DECISION_STOPS), max_tokens=DECISION_TOKENS, temperature=0.0,
+                                     seed=deps.options.seed),
+                timeout=remaining)
+            traced.finish(output_tokens=len(gen.token_ids), finish_reason=gen.finish_reason)
     except TimeoutError as exc:
         raise BudgetExceeded(
             f"wall-clock limit of {deps.options.wall_clock_s:.0f} s reached while deciding on clarification") from exc

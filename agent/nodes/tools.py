@@ -10,12 +10,14 @@ from typing import Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from agent import telemetry
 from agent.deps import AgentDeps
 from agent.errors import ToolError
 from agent.nodes.research import tool_output_budget
 from agent.parse import ParsedCall
 from agent.sequence import SequenceWriter
 from agent.state import ResearchState
+from agent.tools.mcp_client import McpTool
 from agent.tools.names import resolve_tool_name
 from agent.tools.scope import UrlScoped, approved_url, browse_refusal, seen_urls
 from store.records import Snippet, ToolCallRecord
@@ -40,7 +42,22 @@ def render_output(snippets: tuple[Snippet, ...] | list[Snippet], error: str | No
 async def _execute(
     call: ParsedCall, deps: AgentDeps, state: ResearchState
 ) -> tuple[str, tuple[Snippet, ...], str | None]:
+    """Run the call inside a tool-call span (issue 36): the resolved tool's name ("unknown" for a name the model made
+    up, so the span and metric names stay a fixed set), builtin or mcp, the result count or "tool_error"."""
     name = resolve_tool_name(call.name, deps.tools)
+    source = "mcp" if isinstance(deps.tools.get(name or ""), McpTool) else "builtin"
+    with telemetry.tool_call(name or "unknown", source=source) as traced:
+        tool, snippets, error = await _run(call, name, deps, state, traced)
+        if error is not None:
+            traced.failed(error)
+        else:
+            traced.results(len(snippets))
+    return tool, snippets, error
+
+
+async def _run(
+    call: ParsedCall, name: str | None, deps: AgentDeps, state: ResearchState, traced: telemetry.ToolCall
+) -> tuple[str, tuple[Snippet, ...], str | None]:
     if name is None:  # the parser let through only tool-name characters, so the name is safe to echo
         offered = ", ".join(sorted(deps.tools)) or "none"
         return call.name, (), f"unknown tool {call.name!r} (not offered here); available tools: {offered}"
@@ -56,8 +73,10 @@ async def _execute(
             return name, (), refusal
         query = approved_url(query) or query  # exactly what was compared: no suffix rides along
     timeout = max(1.0, min(deps.remaining(), 120.0))
+    call_id = deps.call_ids()
+    traced.call_id(call_id)
     try:
-        found = await asyncio.wait_for(tool(query, call.attrs, deps.call_ids()), timeout=timeout)
+        found = await asyncio.wait_for(tool(query, call.attrs, call_id), timeout=timeout)
     except ToolError as exc:
         return name, (), str(exc) or type(exc).__name__
     except TimeoutError:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import streamlit as st
 
+from agent.accounting import prices_note, usage_of
 from agent.config import RunOptions
 from agent.errors import IngestError, InputError
 from agent.followup import follow_up_question, typed_question
@@ -24,6 +25,9 @@ from app.ui.view import (
     failure_text,
     md_literal,
     references_html,
+    usage_note,
+    usage_summary,
+    usage_table,
 )
 from app.uploads import ingest_uploads, upload_limits
 from store.errors import SessionNotFound, StoreError
@@ -238,6 +242,22 @@ def _draw_feedback(session_id: str) -> None:
                     st.error(f"Could not store the feedback: {md_literal(str(exc))}")
 
 
+def _draw_usage(session_id: str) -> None:
+    """Tokens and cost of a session the viewer may see (issue 36): the policy per stage, the judge, the total."""
+    prices = state.settings().prices
+    try:
+        usage = usage_of(state.services().log, session_id, prices)
+    except StoreError as exc:
+        st.caption(error_reference("Tokens and cost unavailable", exc))
+        return
+    if usage is None:
+        return
+    with st.expander(f"Tokens and cost: {md_literal(usage_summary(usage))}", expanded=False):
+        st.dataframe(usage_table(usage), hide_index=True, key=f"usage_{session_id}")
+        note = prices_note(prices)
+        st.caption(md_literal(f"{note[:1].upper()}{note[1:]}. {usage_note(usage)}".strip()))
+
+
 def _draw_exports(session_id: str) -> None:
     try:
         doc = doc_from_session(state.scoped().get(session_id))
@@ -268,6 +288,7 @@ def _draw_stored(session_id: str) -> None:
     with st.chat_message("assistant"):
         view = RunView.from_record(record)
         draw_run(view, live=False)
+        _draw_usage(session_id)
         if record.status == "completed":
             _draw_exports(session_id)
             _draw_feedback(session_id)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from agent.accounting import UsageTotals, format_cost, prices_note
 from app import dashboard
 from app.ui import state
 from app.ui.view import md_literal
@@ -82,6 +83,14 @@ def _consent_counts() -> None:
                f"{'learn' if svc.log.consent_default else 'do not learn'}).")
 
 
+def _cost_cells(u: UsageTotals | None) -> dict[str, object]:
+    """The cycles table's token and cost cells (blank for a cycle that judged nothing)."""
+    if u is None:
+        return {"policy tokens": None, "judge tokens": None, "cost": ""}
+    return {"policy tokens": u.prompt_tokens + u.sampled_tokens,
+            "judge tokens": u.judge_prompt_tokens + u.judge_completion_tokens, "cost": format_cost(u.total_cost)}
+
+
 def page() -> None:
     """The learning page."""
     svc = state.services()
@@ -125,8 +134,14 @@ def page() -> None:
     if not cycles:
         st.caption("No cycles yet.")
     else:
+        spent = dashboard.cycle_usage(svc.registry, cycles, svc.settings.prices)
         st.dataframe(pd.DataFrame([{
             "started": c.started_at[:19], "trigger": c.trigger, "status": c.status, "reached": c.stage_reached,
             "candidate": c.candidate or "", "sessions used": c.new_sessions,
             "skipped (no consent)": c.skipped_sessions, "candidate score": c.candidate_score,
-            "live score": c.live_score, "reason": c.reason or ""} for c in cycles]), hide_index=True)
+            "live score": c.live_score, **_cost_cells(spent.get(c.cycle_id)), "reason": c.reason or ""}
+            for c in cycles]), hide_index=True)
+        st.caption(md_literal(
+            f"Tokens and cost: the policy serving each cycle's window of sessions and the judge grading them; "
+            f"{prices_note(svc.settings.prices)}. Training rollouts and gate probes are logged by the trainer and "
+            "not counted. Unknown: a model the price table does not list."))

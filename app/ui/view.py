@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agent import parse
+from agent.accounting import SessionUsage, format_cost, unpriced_models, usage_rows
 from agent.report import Report, stored_report
 from app import events as ev
 from app.export import answer_html, web_url
@@ -159,6 +160,26 @@ class RunView:
             view.status, view.error = "failed", record.error or "the run failed"
             view._finish_stages()
         return view
+
+
+def usage_table(usage: SessionUsage) -> list[dict[str, object]]:
+    """The session's tokens-and-cost table (`agent.accounting.usage_rows`) as rows for a data frame: one per stage,
+    the policy's total, the judge, the session total."""
+    return [{"": r.label, "calls": r.calls, "prompt tokens": r.prompt_tokens, "output tokens": r.output_tokens,
+             "cost": format_cost(r.cost), "note": r.note} for r in usage_rows(usage)]
+
+
+def usage_summary(usage: SessionUsage) -> str:
+    """One line: tokens read and written by the policy and the judge together, and the total cost."""
+    read = usage.prompt_tokens + usage.judge_prompt_tokens
+    written = usage.sampled_tokens + usage.judge_completion_tokens
+    return f"{read:,} tokens read, {written:,} written · cost {format_cost(usage.total_cost)}"
+
+
+def usage_note(usage: SessionUsage) -> str:
+    """Why a cost is unknown (empty when none is)."""
+    missing = unpriced_models(usage)
+    return f"Unknown cost: the price table (RUBRICEM_PRICES) does not list {', '.join(missing)}." if missing else ""
 
 
 def readable(text: str) -> str:

@@ -1,5 +1,6 @@
 """Evaluation outputs: the per-item JSONL (appended as items finish, read back for resuming), summary.json, a
-Markdown summary table and a PNG plot (matplotlib, Agg backend, imported only when a plot is drawn)."""
+Markdown summary table with tokens and cost, a PNG plot (matplotlib, Agg backend, imported only when a plot is drawn),
+and for an evaluation over several seeds each metric's mean ± standard deviation."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from agent.accounting import format_cost
 
 _log = logging.getLogger(__name__)
 
@@ -64,8 +67,28 @@ def _cell(text: Any, limit: int = 80) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
+def _tokens(t: Mapping[str, Any] | None, side: str) -> str:
+    """'1234 / 56': the prompt and sampled (completion) tokens of the policy or the judge; '' without figures."""
+    if not t:
+        return ""
+    out = "policy_sampled" if side == "policy" else "judge_completion"
+    return f"{t.get(f'{side}_prompt', 0)} / {t.get(out, 0)}"
+
+
+def usage_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The tokens and cost rows of a summary's facts table (empty for a summary written before they existed)."""
+    t, c = summary.get("tokens"), summary.get("cost_usd")
+    if not t or not c:
+        return []
+    tokens = (f"| Tokens (in / out) | policy {_tokens(t, 'policy')} over {t.get('policy_calls', 0)} calls; judge "
+              f"{_tokens(t, 'judge')} ({t.get('items', 0)} completed items) |")
+    spent = (f"| Cost | {format_cost(c.get('total'))} (policy `{summary.get('policy_model', '')}` "
+             f"{format_cost(c.get('policy'))}, judge {format_cost(c.get('judge'))}) |")
+    return [tokens, spent]
+
+
 def summary_markdown(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]], plot_name: str) -> str:
-    """The human-readable summary: run facts, the metric table and the first items."""
+    """The human-readable summary: run facts (tokens and cost included), the metric table and the first items."""
     judge = summary.get("judge_model") or "none (no LLM grading)"
     lines = [
         f"# Evaluation: {summary['bench']}",
@@ -81,6 +104,7 @@ def summary_markdown(summary: Mapping[str, Any], records: Sequence[Mapping[str, 
         f"| Judge | {judge} |",
         f"| Rubric-bank injection | {summary['injection']} |",
         f"| Answer format | {summary['format']} |",
+        *usage_lines(summary),
         "",
         *([f"> **Note.** {summary['note']}", ""] if summary.get("note") else []),
         "## Metrics",
@@ -101,15 +125,67 @@ def summary_markdown(summary: Mapping[str, Any], records: Sequence[Mapping[str, 
         "",
         f"## Items (first {MAX_TABLE_ITEMS})",
         "",
-        f"| id | status | {primary} | answer | error |",
-        "|---|---|---:|---|---|",
+        f"| id | status | {primary} | policy tokens in / out | judge tokens in / out | cost | answer | error |",
+        "|---|---|---:|---:|---:|---:|---|---|",
     ]
     for rec in records[:MAX_TABLE_ITEMS]:
         metrics = rec.get("metrics") or {}
+        tokens = rec.get("tokens")
+        spent = format_cost((rec.get("cost_usd") or {}).get("total")) if tokens else ""
         lines.append(
             f"| {_cell(rec['id'], 48)} | {rec.get('status', '')} | {_fmt(metrics.get(primary))} | "
+            f"{_tokens(tokens, 'policy')} | {_tokens(tokens, 'judge')} | {spent} | "
             f"{_cell(rec.get('prediction') or rec.get('answer') or '')} | "
             f"{_cell(rec.get('error') or rec.get('judge_error') or '')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def mean_std_text(mean: float, std: float | None) -> str:
+    """'0.5000 ± 0.7071', or the mean alone when there is no deviation (one run)."""
+    return _fmt(float(mean)) if std is None else f"{mean:.4f} ± {std:.4f}"
+
+
+def spread_markdown(spread: Mapping[str, Any]) -> str:
+    """The summary of an evaluation over several seeds: each metric's mean ± sample standard deviation over the
+    runs, then one row per run (its seed, counts, primary metric, tokens and cost)."""
+    judge = spread.get("judge_model") or "none (no LLM grading)"
+    runs = spread["runs"]
+    primary = spread.get("primary_metric", "")
+    lines = [
+        f"# Evaluation: {spread['bench']}, {len(runs)} runs",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| Data | `{spread['data_dir']}` |",
+        f"| Runs | {len(runs)}, seeds {', '.join(str(s) for s in spread['seeds'])}; {spread['n']} items each |",
+        f"| Items, all runs | scored {spread['n_scored']}, run failed {spread['n_failed']} |",
+        f"| Policy version | `{spread['policy_version']}` |",
+        f"| Judge | {judge} |",
+        f"| Rubric-bank injection | {spread['injection']} |",
+        f"| Answer format | {spread['format']} |",
+        *usage_lines(spread),
+        "",
+        *([f"> **Note.** {spread['note']}", ""] if spread.get("note") else []),
+        "## Metrics",
+        "",
+        "Mean over the runs of each run's metric, ± the sample standard deviation over the runs (n − 1).",
+        "",
+        "| metric | mean ± std | runs |",
+        "|---|---:|---:|",
+    ]
+    stds, counts = spread.get("metrics_std", {}), spread.get("metric_runs", {})
+    lines += [f"| {k} | {mean_std_text(v, stds.get(k))} | {counts.get(k, '')} |" for k, v in spread["metrics"].items()]
+    if not spread["metrics"]:
+        lines.append("| (no scored items) | | |")
+    header = (f"| run | seed | scored | failed | {primary} | policy tokens in / out | judge tokens in / out | cost "
+              "| folder |")
+    lines += ["", "## Runs", "", header, "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in runs:
+        lines.append(
+            f"| {r['run']} | {r['seed']} | {r['n_scored']} | {r['n_failed']} | {_fmt(r['metrics'].get(primary))} | "
+            f"{_tokens(r.get('tokens'), 'policy')} | {_tokens(r.get('tokens'), 'judge')} | "
+            f"{format_cost((r.get('cost_usd') or {}).get('total'))} | `{r['out_dir']}` |"
         )
     return "\n".join(lines) + "\n"
 
@@ -126,11 +202,15 @@ def write_comparison(md_path: Path, png_path: Path, title: str, runs: Mapping[st
     `runs` maps a label to that run's summary dict (`EvalSummary.to_dict()`).
     """
     keys = [k for k in COMPARED if any(k in (r.get("metrics") or {}) for r in runs.values())]
-    lines = [f"# {title}", "", "| run | n | " + " | ".join(keys) + " |", "|---|---:|" + "---:|" * len(keys)]
+    lines = [f"# {title}", "", "| run | n | " + " | ".join(keys) + " | cost |",
+             "|---|---:|" + "---:|" * (len(keys) + 1)]
     for label, r in runs.items():
-        m = r.get("metrics") or {}
-        lines.append(f"| {label} ({r.get('policy_version', '')}) | {r.get('n_scored', r.get('n', ''))} | "
-                     + " | ".join(_fmt(m.get(k)) for k in keys) + " |")
+        m, sd = r.get("metrics") or {}, r.get("metrics_std") or {}  # an evaluation over seeds: mean ± std
+        cells = ["" if m.get(k) is None else mean_std_text(m[k], sd.get(k)) if sd else _fmt(m.get(k)) for k in keys]
+        spent = format_cost((r.get("cost_usd") or {}).get("total")) if r.get("cost_usd") else ""
+        seeds = f", {len(r['seeds'])} runs" if r.get("seeds") else ""
+        lines.append(f"| {label} ({r.get('policy_version', '')}{seeds}) | {r.get('n_scored', r.get('n', ''))} | "
+                     + " | ".join(cells) + f" | {spent} |")
     md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     import matplotlib
 

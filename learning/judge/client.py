@@ -17,6 +17,7 @@ from typing import Any, Literal, Self
 
 import httpx
 
+from agent import telemetry
 from agent.retry import jittered_backoff, retry_after_seconds
 from learning.config import JudgeConfig
 from learning.errors import JudgeError, JudgeOutputInvalid, JudgeRequestError, JudgeUnavailable
@@ -304,7 +305,36 @@ class JudgeClient:
             JudgeOutputInvalid: the answer and the repaired answer were both invalid.
             JudgeUnavailable: 429/5xx/timeouts/connection errors outlasted the retries.
             JudgeRequestError: the endpoint rejected the request (other 4xx).
+
+        Each call is one "chat" span (issue 36) with the tokens billed (both requests when repaired), whether the
+        cache answered, the finish reasons and, on failure, the reason: invalid, rejected or unavailable.
         """
+        with telemetry.judge_call(name, model=self.model) as traced:
+            try:
+                call = await self._complete_json(messages, schema, name=name, validate=validate,
+                                                 max_tokens=max_tokens, temperature=temperature, traced=traced)
+            except JudgeError as exc:
+                if exc.usage is not None:
+                    traced.usage(prompt_tokens=exc.usage.prompt_tokens, completion_tokens=exc.usage.completion_tokens)
+                traced.failed(_failure_reason(exc))
+                raise
+            traced.usage(prompt_tokens=call.usage.prompt_tokens, completion_tokens=call.usage.completion_tokens,
+                         cached=call.cached)
+            if call.repaired:
+                traced.repaired()
+            return call
+
+    async def _complete_json(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        schema: Mapping[str, Any],
+        *,
+        name: str,
+        validate: Callable[[Any], Any] | None,
+        max_tokens: int | None,
+        temperature: float,
+        traced: telemetry.JudgeCall,
+    ) -> JudgeCall:
         budget = int(max_tokens if max_tokens is not None else self.max_tokens)
         key = None
         if self._cache is not None:
@@ -323,6 +353,7 @@ class JudgeClient:
 
         conversation = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
         first = await self._request(conversation, schema, name, budget, temperature)
+        traced.finish_reasons([first.finish_reason or "unknown"])
         spent = first.usage
         try:
             data = self._parse(first, schema, validate)
@@ -343,6 +374,7 @@ class JudgeClient:
             exc.usage = spent + (exc.usage or Usage())  # the invalid first answer was billed
             raise
         spent = spent + second.usage
+        traced.finish_reasons([first.finish_reason or "unknown", second.finish_reason or "unknown"])
         try:
             data = self._parse(second, schema, validate)
         except _InvalidOutput as exc:
@@ -567,6 +599,15 @@ class JudgeClient:
         if self._api_key:
             text = text.replace(self._api_key, "***")
         return text
+
+
+def _failure_reason(exc: JudgeError) -> str:
+    """The span's and metric's reason for a judge call with no usable answer."""
+    if isinstance(exc, JudgeOutputInvalid):
+        return "invalid"
+    if isinstance(exc, JudgeRequestError):
+        return "rejected"
+    return "unavailable" if isinstance(exc, JudgeUnavailable) else type(exc).__name__
 
 
 def _names_response_format(body: str) -> bool:

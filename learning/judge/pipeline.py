@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from agent import telemetry
 from learning.judge.feedback import feedback_rubrics
 from learning.judge.types import Judgement, Rubric, TrajectoryJudge, Usage
 from learning.judge.user_rubrics import session_user_rubrics
@@ -70,7 +71,9 @@ async def judge_pending(
         try:
             # Plan rubrics and the owner's notes judge this group only: never added to the question's shared buffer.
             scoped = {"session_rubrics": own[recs[0].session_id]} if own[recs[0].session_id] else {}
-            judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs], **scoped)
+            with telemetry.judge_group_span(kind=judge.kind, model=judge.model,
+                                            sessions=[r.session_id for r in recs]):
+                judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs], **scoped)
             if len(judgements) != len(recs):
                 raise RuntimeError(f"the judge returned {len(judgements)} judgements for {len(recs)} sessions")
         except Exception as exc:  # a judge failure is recorded per session; the batch goes on

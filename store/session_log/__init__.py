@@ -9,7 +9,8 @@ one mixin per concern over a shared database:
 - `sessions`: sessions, turns and tool calls, leases and the crash sweep, reads (`SessionSummary`);
 - `judgements`: judgements, the unjudged queue and rubric buffers (`JudgementRecord`);
 - `feedback`: user feedback (`FeedbackRecord`);
-- `reflections`: reflection candidate batches (`ReflectionCandidate`, `ReflectionCandidateRecord`).
+- `reflections`: reflection candidate batches (`ReflectionCandidate`, `ReflectionCandidateRecord`);
+- `usage`: token counts per session, policy per stage and judge per judgement (`SessionTokens`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from store.session_log.sessions import (
     SessionSummary,
     process_lease_owner,
 )
+from store.session_log.usage import JudgeTokens, SessionTokens, StageTokens, UsageMixin
 
 __all__ = [
     "DEFAULT_LEASE_S",
     "FEEDBACK_RATINGS",
     "MAX_FEEDBACK_NOTE",
     "FeedbackRecord",
+    "JudgeTokens",
     "JudgementRecord",
     "LeaseSweep",
     "ReflectionCandidate",
@@ -38,11 +41,13 @@ __all__ = [
     "SessionLease",
     "SessionLog",
     "SessionSummary",
+    "SessionTokens",
+    "StageTokens",
     "process_lease_owner",
 ]
 
 
-class SessionLog(SessionsMixin, JudgementsMixin, FeedbackMixin, ReflectionsMixin):
+class SessionLog(SessionsMixin, JudgementsMixin, FeedbackMixin, ReflectionsMixin, UsageMixin):
     """Append-as-you-go log of research sessions over one SQLite file or one PostgreSQL database.
 
     Safe to share between threads (SQLite: one connection guarded by a lock; PostgreSQL: a connection pool; asyncio

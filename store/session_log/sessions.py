@@ -140,6 +140,7 @@ class _TurnRow:
     prompt_sha: str
     token_source: str
     finish_reason: str | None
+    prompt_tokens: int | None
 
 
 def _turn_row(turn: object) -> _TurnRow:
@@ -150,6 +151,11 @@ def _turn_row(turn: object) -> _TurnRow:
     # Turn checks alignment in __post_init__, but a store must not trust that the caller did not bypass it.
     if logprobs and len(logprobs) // 8 != len(ids) // 4:
         raise InvalidInput("turn: logprobs must be empty or one per token id")
+    prompt_tokens = turn.prompt_tokens
+    if prompt_tokens is not None and (isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int)
+                                      or not 0 <= prompt_tokens < 2**31 or turn.kind != "sampled"):
+        raise InvalidInput(f"turn.prompt_tokens must be None or an int >= 0 of a sampled turn, "
+                           f"got {prompt_tokens!r:.80}")
     return _TurnRow(
         stage=choice_in(turn.stage, STAGES, "turn.stage"),
         kind=choice_in(turn.kind, _KINDS, "turn.kind"),
@@ -161,6 +167,7 @@ def _turn_row(turn: object) -> _TurnRow:
         token_source=choice_in(turn.token_source, TOKEN_SOURCES, "turn.token_source"),
         finish_reason=None if turn.finish_reason is None else choice_in(
             turn.finish_reason, FINISH_REASONS, "turn.finish_reason"),
+        prompt_tokens=prompt_tokens,
     )
 
 
@@ -220,6 +227,7 @@ class SessionsMixin(SessionLogBase):
         session_id: str | None = None,
         source: SessionSource = "api",
         owner: str | None = None,
+        policy_model: str | None = None,
     ) -> str:
         """Start a session with status "running".
 
@@ -234,6 +242,8 @@ class SessionsMixin(SessionLogBase):
                 (benchmark runs, gate probes) start with the training opt-out set.
             owner: Whose session it is; None takes the current actor (`store.owner.acting_as`, else "local"),
                 whose per-session learning choice then sets the training opt-out too.
+            policy_model: The served model's name, which the price table prices ("embedded" for the in-process
+                policy); None when unknown (its cost is then unknown under a non-empty price table).
 
         Returns:
             The session id.
@@ -253,6 +263,7 @@ class SessionsMixin(SessionLogBase):
             mapping_in(options, "options"), text_in(prompt.text, "prompt.text"),
             pack_ids(prompt.token_ids, "prompt"), label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True),
             choice_in(source, _SESSION_SOURCES, "source"), int(opt_out), who,
+            None if policy_model is None else label_in(policy_model, "policy_model"),
         )
         now_dt = self._clock()
         now, until = iso(now_dt), iso(now_dt + timedelta(seconds=DEFAULT_LEASE_S))
@@ -262,9 +273,9 @@ class SessionsMixin(SessionLogBase):
             # The creating process holds the session's lease from the start (see `renew_lease`).
             conn.execute(
                 "INSERT INTO sessions (session_id, question, policy_version, options_json, prompt_text, "
-                "prompt_token_ids, prompt_sha, source, training_opt_out, owner, status, created_at, updated_at, "
-                "heartbeat_at, lease_until, lease_owner) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+                "prompt_token_ids, prompt_sha, source, training_opt_out, owner, policy_model, status, created_at, "
+                "updated_at, heartbeat_at, lease_until, lease_owner) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
                 (*values, now, now, now, until, process_lease_owner()),
             )
         return sid
@@ -309,9 +320,10 @@ class SessionsMixin(SessionLogBase):
             ).fetchone()[0])
             conn.execute(
                 "INSERT INTO turns (session_id, idx, stage, kind, text, token_ids, logprobs, policy_version, "
-                "prompt_sha, token_source, finish_reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "prompt_sha, token_source, finish_reason, prompt_tokens, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (session_id, idx, row.stage, row.kind, row.text, row.token_ids, row.logprobs, row.policy_version,
-                 row.prompt_sha, row.token_source, row.finish_reason, now),
+                 row.prompt_sha, row.token_source, row.finish_reason, row.prompt_tokens, now),
             )
             conn.execute("UPDATE sessions SET updated_at = ? WHERE session_id = ?", (now, session_id))
         return idx
@@ -537,14 +549,15 @@ class SessionsMixin(SessionLogBase):
             s = conn.execute(
                 "SELECT question, status, created_at, finished_at, policy_version, options_json, prompt_text, "
                 "prompt_token_ids, prompt_sha, malformed, max_consecutive_tool_errors, injected_bank_items_json, "
-                "report, error, metrics_json, source, training_opt_out, owner FROM sessions WHERE session_id = ?",
+                "report, error, metrics_json, source, training_opt_out, owner, policy_model FROM sessions "
+                "WHERE session_id = ?",
                 (session_id,),
             ).fetchone()
             if s is None:
                 raise SessionNotFound(session_id)
             turn_rows = conn.execute(
                 "SELECT stage, kind, text, token_ids, logprobs, policy_version, prompt_sha, token_source, "
-                "finish_reason FROM turns WHERE session_id = ? ORDER BY idx",
+                "finish_reason, prompt_tokens FROM turns WHERE session_id = ? ORDER BY idx",
                 (session_id,),
             ).fetchall()
             call_rows = conn.execute(
@@ -559,7 +572,7 @@ class SessionsMixin(SessionLogBase):
         turns = tuple(
             Turn(stage=r[0], kind=r[1], text=text_out(r[2]), token_ids=unpack_ids(r[3]),
                  logprobs=unpack_floats(r[4]), policy_version=r[5], prompt_sha=r[6],
-                 token_source=r[7], finish_reason=r[8])
+                 token_source=r[7], finish_reason=r[8], prompt_tokens=None if r[9] is None else int(r[9]))
             for r in turn_rows
         )
         by_call: dict[int, list[Snippet]] = {}
@@ -586,7 +599,7 @@ class SessionsMixin(SessionLogBase):
             session_id=session_id, question=trajectory.question, status=s[1], created_at=s[2], finished_at=s[3],
             policy_version=s[4], options=json.loads(s[5]), trajectory=trajectory, report=opt_text_out(s[12]),
             error=opt_text_out(s[13]), metrics=json.loads(s[14]), source=s[15], training_opt_out=bool(s[16]),
-            owner=s[17],
+            owner=s[17], policy_model=s[18],
         )
 
     def list_sessions(self, limit: int = 50, status: str | None = None,

@@ -18,18 +18,20 @@ from app.dashboard import (
     alias_history,
     bank_size,
     cycle_rows,
+    cycle_usage,
     stage_reward_curve,
     stage_reward_points,
     summary,
     version_rows,
 )
+from agent.accounting import ModelPrice, format_cost
 from learning.evaluate import VersionScore, decide
 from learning.judge.offline import OfflineJudge
 from learning.judge.pipeline import judge_pending
 from learning.judge.types import Judgement, StageResult
 from store.config import StoreConfig
 from store.errors import InvalidInput
-from store.records import STAGES, BankItem, PromptRecord, Stage, Trajectory
+from store.records import STAGES, BankItem, PromptRecord, Stage, Trajectory, Turn
 from store.registry import BASE, Registry
 from store.rubric_bank import RubricBank
 from store.session_log import SessionLog
@@ -222,6 +224,47 @@ def test_cycle_rows_show_outcome_stage_reached_reason_and_numbers(registry: Regi
     s = summary(registry, log, None)
     assert (s.last_cycle_status, s.live_version, s.versions, s.promoted, s.rejected) == ("running", "policy@1", 2, 1, 1)
     assert s.bank_size is None
+
+
+def served(log: SessionLog, model: str, prompt: int, sampled: int, judge_tokens: tuple[int, int] = (0, 0)) -> str:
+    """A completed session whose one answer turn read `prompt` tokens and sampled `sampled`, judged by an LLM judge
+    that used `judge_tokens` (prompt, completion)."""
+    sid = log.create_session("q?", PROMPT, {}, BASE, policy_model=model)
+    log.append_turn(sid, Turn("answer", "sampled", "a", tuple(range(sampled)), prompt_tokens=prompt))
+    log.finish(sid, "completed", report="r")
+    log.record_judgement(sid, "judge-x", {"usage": {"calls": 1, "prompt_tokens": judge_tokens[0],
+                                                    "completion_tokens": judge_tokens[1]}})
+    return sid
+
+
+def test_cost_per_cycle_sums_its_windows_sessions_and_their_judgements(registry: Registry, clock: Clock) -> None:
+    log = registry.log
+    served(log, "gpt-x", 1_000, 10, (2_000, 100))
+    served(log, "gpt-x", 3_000, 30)
+    clock.advance(minutes=1)
+    first = registry.start_cycle("cli", log.now())
+    registry.advance_cycle(first.cycle_id, "judged", numbers={"new_sessions": 2, "judged": 2})
+    registry.finish_cycle(first.cycle_id, "rejected", numbers={"reason": "no gain"})
+    clock.advance(minutes=1)
+    served(log, "mystery-model", 500, 5)  # not in the table: the second cycle's cost is unknown
+    clock.advance(minutes=1)
+    registry.record_skip("scheduler", "1 new session(s) < min_new_sessions 5", {"new_sessions": 1})  # judged nothing
+    second = registry.start_cycle("cli", log.now())
+    registry.advance_cycle(second.cycle_id, "judged", numbers={"new_sessions": 1, "judged": 1})
+    prices = {"gpt-x": ModelPrice(input_per_mtok=1.0, output_per_mtok=10.0),
+              "judge-x": ModelPrice(input_per_mtok=0.5, output_per_mtok=2.0)}
+
+    rows = cycle_rows(registry)
+    spent = cycle_usage(registry, rows, prices)
+    assert set(spent) == {first.cycle_id, second.cycle_id}  # the skip judged nothing: no entry
+    one = spent[first.cycle_id]
+    assert (one.sessions, one.prompt_tokens, one.sampled_tokens) == (2, 4_000, 40)
+    assert (one.judge_prompt_tokens, one.judge_completion_tokens) == (2_000, 100)
+    assert one.policy_cost == pytest.approx(0.0044) and one.judge_cost == pytest.approx(0.0012)
+    assert format_cost(one.total_cost) == "$0.0056"
+    two = spent[second.cycle_id]
+    assert (two.sessions, two.prompt_tokens, two.policy_cost, format_cost(two.total_cost)) == (1, 500, None, "unknown")
+    assert cycle_usage(registry, rows, {})[second.cycle_id].total_cost == 0.0  # no table: every model costs 0
 
 
 def test_stage_curves_use_each_completed_sessions_latest_ok_judgement(log: SessionLog, registry: Registry,

@@ -34,7 +34,9 @@ COMPOSE = DOCKER / "compose.yaml"
 APP_DOCKERFILE = DOCKER / "app.Dockerfile"
 TRAINER_DOCKERFILE = DOCKER / "trainer.Dockerfile"
 
-SERVICES = {"vllm", "chroma", "app", "scheduler"}  # the default stack: no profile
+MONITORING_SERVICES = {"prometheus", "grafana"}  # issue 36: beside either stack (tests/docker/test_monitoring.py)
+MONITORING_NETWORKS = {"metrics"}  # Grafana to Prometheus only
+SERVICES = {"vllm", "chroma", "app", "scheduler", *MONITORING_SERVICES}  # the default stack: no profile
 SETTINGS_SERVICES = ("app", "scheduler")  # the services that run rubricem and so read RUBRICEM_* settings
 REPLICAS_PROFILE = "replicas"
 VLLM_REPLICAS = ("vllm-1", "vllm-2")
@@ -376,7 +378,7 @@ def test_volumes_sit_where_the_settings_look(compose: dict[str, Any], monkeypatc
     assert named_mount(services["chroma"], "chroma") == Mount("chroma", "/data", False)
     assert named_mount(services["postgres"], "pgdata") == Mount("pgdata", PGDATA, False)
     used = {m.source for svc in services.values() for m in mounts(svc) if not m.source.startswith((".", "/"))}
-    assert used == set(compose["volumes"]) == {"data", "adapters", "chroma", "pgdata"}
+    assert used == set(compose["volumes"]) == {"data", "adapters", "chroma", "pgdata", "prometheus", "grafana"}
 
 
 def test_the_trainer_trains_the_weights_vllm_serves(
@@ -404,7 +406,7 @@ def test_vllm_and_chroma_are_only_on_internal_networks_and_publish_nothing(compo
         assert set(svc["networks"]) <= internal, f"{name} is reachable from outside the internal network"
         assert "ports" not in svc and "network_mode" not in svc
     for name in ALL_SETTINGS_SERVICES:  # they reach vLLM/Chroma inside and search/judge APIs outside
-        assert set(compose["services"][name]["networks"]) == set(networks)
+        assert set(compose["services"][name]["networks"]) == set(networks) - MONITORING_NETWORKS
     assert not [name for name in ("scheduler", "scheduler-replicas") if "ports" in compose["services"][name]]
 
 

@@ -1,5 +1,6 @@
 """The evaluation runner end to end: real ResearchService, SessionLog and local_search; the embedded SmolLM2 for
-one small HotpotQA run, a scripted policy (exact answers) for the scoring, failure and resume paths.
+one small HotpotQA run, a scripted policy (exact answers) for the scoring, failure, resume, tokens-and-cost and
+runs-over-seeds paths.
 
 The two HotpotQA tests ask the first two shipped held-out questions (learning/sft/data/heldout, paired with the bundled
 demo corpus); every other test writes its own data. None needs ../shared, so all run on a fresh clone."""
@@ -8,21 +9,28 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.accounting import ModelPrice
 from agent.config import AgentConfig, RunOptions, StageTokenCaps
+from agent.tools.local_search import LocalSearch
 from app.service import ResearchService
 from learning.eval.datasets import DatasetError
-from learning.eval.runner import EvalOutputConflict, EvalSummary, JudgeRequiredError, run_eval
+from learning.eval.runner import EvalOutputConflict, EvalSummary, JudgeRequiredError, run_eval, run_eval_seeds
+from learning.eval.usage import TOKEN_KEYS, policy_tokens
 from learning.judge.client import JudgeClient
 from store.records import HISTORY_SOURCES
 from store.registry import Registry
 from store.session_log import SessionLog
-from tests.eval.support import HELDOUT, SCRIPTED_OPTIONS, user_prompt
+from tests.agent.scripts import stage_of
+from tests.eval.support import HELDOUT, SCRIPTED_OPTIONS, answering, user_prompt
+from tests.fakes import ScriptedPolicy
 from tests.judge.openai_standin import OpenAIStandIn, Reply
 
 TINY = RunOptions(
@@ -221,3 +229,112 @@ def test_eval_sessions_never_reach_training_reflection_or_the_chat_history(
     for sid in (*eval_ids, users):
         log.record_judgement(sid, "offline", {"stages": {}})
     assert log.sessions_without_reflection() == [users]
+
+
+def test_tokens_and_cost_per_item_and_in_total(
+    scripted_service: Callable[..., ResearchService], tmp_path: Path, standin: OpenAIStandIn
+) -> None:
+    """Per item: what the policy read and sampled (the sums over the trajectory's turns, and what the policy was
+    actually sent), what the judge used (a failed grading's billed answer and repair included), and the cost under a
+    price table that knows the judge but not the policy's model: unknown, never 0, and unknown in every total it is
+    part of."""
+    valid = json.dumps({"explanation": "x", "grade": "correct"})
+    standin.responder = lambda req: Reply(content=valid if "Predicted answer: a spirit" in user_prompt(req) else "no",
+                                          usage={"prompt_tokens": 300, "completion_tokens": 20})
+    service = scripted_service(HOTPOT_ANSWERS)
+    service.policy.model = "scripted-model"  # type: ignore[attr-defined]  # named as an endpoint policy is
+    prices = {"standin-judge": ModelPrice(input_per_mtok=1.0, output_per_mtok=4.0)}
+    out = tmp_path / "out"
+    summary = evaluate("hotpotqa", HELDOUT, service, out, standin=standin, limit=2, prices=prices)
+    records = lines(out / "items.jsonl")
+    sent = service.policy.calls  # type: ignore[attr-defined]  # every generation call, in order
+    start = 0
+    for rec in records:
+        traj = service.log.get(rec["session_id"]).trajectory
+        sampled = [t for t in traj.turns if t.kind == "sampled"]
+        tokens = rec["tokens"]
+        assert tokens["policy_calls"] == len(sampled) == 3  # plan, review, answer (the graph made the search)
+        assert tokens["policy_sampled"] == sum(len(t.token_ids) for t in sampled)
+        read = sum(c["context_len"] for c in sent[start : start + len(sampled)])
+        start += len(sampled)
+        assert tokens["policy_prompt"] == read == sum(t.prompt_tokens or 0 for t in sampled)
+        # Rebuilt from the turns alone (a trajectory logged without per-turn counts) it is the same number.
+        bare = replace(traj, turns=tuple(replace(t, prompt_tokens=None) for t in traj.turns))
+        assert policy_tokens(bare)["policy_prompt"] == read
+        assert rec["policy_model"] == "scripted-model"
+    graded, failed = records
+    assert (graded["tokens"]["judge_prompt"], graded["tokens"]["judge_completion"]) == (300, 20)
+    assert graded["cost_usd"] == {"policy": None, "judge": pytest.approx((300 + 20 * 4) / 1e6), "total": None}
+    assert failed["judge_error"].startswith("JudgeOutputInvalid")  # the answer and its repair: two billed calls
+    assert (failed["tokens"]["judge_prompt"], failed["tokens"]["judge_completion"]) == (600, 40)
+    assert failed["cost_usd"] == {"policy": None, "judge": pytest.approx(2 * 380 / 1e6), "total": None}
+    assert start == len(sent)  # the scaffold was followed: no dropped sample went uncounted
+    assert summary.tokens == {**{k: sum(r["tokens"][k] for r in records) for k in TOKEN_KEYS}, "items": 2}
+    assert summary.cost_usd == {"policy": None, "judge": pytest.approx(3 * 380 / 1e6), "total": None}
+    assert summary.judge_usage["prompt_tokens"] == 900
+    assert json.loads(summary.summary_json.read_text())["cost_usd"]["total"] is None
+    md = summary.summary_md.read_text()
+    assert "| Cost | unknown (policy `scripted-model` unknown, judge $0.0011) |" in md
+    assert f"| {records[0]['id']} | ok | 1.0000 | {read_of(records[0])} | 300 / 20 | unknown |" in md
+
+
+def read_of(record: dict[str, Any]) -> str:
+    return f"{record['tokens']['policy_prompt']} / {record['tokens']['policy_sampled']}"
+
+
+def test_runs_over_seeds_keep_each_run_and_report_mean_and_std(
+    hotpot_tools: dict[str, LocalSearch], tmp_path: Path
+) -> None:
+    """`--runs 2 --seed 5`: runs with seeds 5 and 6 in run-1/ and run-2/, each metric's mean and sample standard
+    deviation over the runs in the top-level summary; a rerun resumes, and no folder mixes seeds or layouts. The
+    scripted model answers the second question right in the first run and wrongly in the second."""
+    right = answering({"If Gallu is a demon": "a spirit", "era of Haymo of Faversham": "Latin"})
+    wrong = answering(HOTPOT_ANSWERS)
+    answered = 0
+
+    def script(context: str, stop: Sequence[str]) -> str:
+        nonlocal answered
+        if stage_of(stop) == "answer":
+            answered += 1
+            return (right if answered <= 2 else wrong)(context, stop)
+        return right(context, stop)
+
+    policy = ScriptedPolicy(script)
+    log = SessionLog(tmp_path / "s.sqlite3")
+    service = ResearchService(policy, hotpot_tools, log, AgentConfig())  # type: ignore[arg-type]
+    options = SCRIPTED_OPTIONS.model_copy(update={"seed": 5})
+    out, seen = tmp_path / "out", []
+
+    def seeds(seed: int = 5, runs: int = 2, folder: Path = out) -> Any:
+        return asyncio.run(run_eval_seeds("hotpotqa", HELDOUT, runs=runs, service=service, out_dir=folder, limit=2,
+                                          options=options.model_copy(update={"seed": seed}),
+                                          progress=lambda *a: seen.append(a[:2])))
+
+    spread = seeds()
+    per_run = [json.loads((out / f"run-{k}" / "summary.json").read_text()) for k in (1, 2)]
+    assert [r["metrics"]["em"] for r in per_run] == [1.0, 0.5]
+    assert spread.metrics.keys() == per_run[0]["metrics"].keys()
+    for name, mean in spread.metrics.items():
+        values = [r["metrics"][name] for r in per_run]
+        assert mean == pytest.approx(statistics.mean(values))
+        assert spread.metrics_std[name] == pytest.approx(statistics.stdev(values))
+    assert spread.metrics["em"] == 0.75 and spread.seeds == [5, 6] and seen == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    for k, seed in ((1, 5), (2, 6)):
+        assert json.loads((out / f"run-{k}" / "run.json").read_text())["options"]["seed"] == seed
+        for rec in lines(out / f"run-{k}" / "items.jsonl"):
+            assert service.log.get(rec["session_id"]).options["seed"] == seed
+    top = json.loads((out / "summary.json").read_text())
+    assert top["metrics_std"] == spread.metrics_std and [r["seed"] for r in top["runs"]] == [5, 6]
+    assert top["tokens"]["policy_prompt"] == sum(r["tokens"]["policy_prompt"] for r in per_run)
+    assert "| em | 0.7500 ± 0.3536 | 2 |" in (out / "summary.md").read_text()
+
+    calls = len(policy.calls)
+    assert seeds().metrics == spread.metrics and len(policy.calls) == calls  # resumed: nothing ran again
+    with pytest.raises(EvalOutputConflict, match="seed 5"):
+        seeds(seed=9)
+    with pytest.raises(EvalOutputConflict, match="--runs"):
+        asyncio.run(run_eval("hotpotqa", HELDOUT, service=service, options=options, out_dir=out, limit=1))
+    evaluate("hotpotqa", HELDOUT, service, tmp_path / "single", limit=1)
+    with pytest.raises(EvalOutputConflict, match="single"):
+        seeds(folder=tmp_path / "single")
+    assert len(policy.calls) == calls + 3  # only the single run's item ran (3 calls)
