@@ -200,8 +200,12 @@ def cmd_judge(args: argparse.Namespace) -> int:
           f"{summary.judged} judged, {summary.failed} failed, {summary.groups} question group(s), "
           f"{summary.failed_stages} unscorable stage(s), {summary.fallbacks} answer-only fallback(s)")
     if u.calls or u.cached_calls:
+        from agent.accounting import format_cost, judge_cost
+
+        # The same price rule as the session views: the price table when it lists the judge's model.
+        cost = judge_cost(settings.prices, judge.model, judge.kind, u.prompt_tokens, u.completion_tokens, u.cost_usd)
         print(f"judge calls {u.calls} (+{u.cached_calls} cached), tokens {u.prompt_tokens}+{u.completion_tokens}, "
-              f"cost ${u.cost_usd:.4f}")
+              f"cost {format_cost(cost)}")
     return 1 if summary.failed and not summary.judged else 0
 
 

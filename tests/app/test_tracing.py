@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -93,8 +94,13 @@ def test_a_session_and_its_judging_export_the_span_tree_with_token_counts(
         **env, "RUBRICEM_LEARNING__JUDGE__BASE_URL": llamacpp_server, "RUBRICEM_LEARNING__JUDGE__MODEL": "smollm2",
         "RUBRICEM_LEARNING__JUDGE__JSON_MODE": "json_object", "RUBRICEM_LEARNING__JUDGE__MAX_TOKENS": "64",
         "RUBRICEM_LEARNING__JUDGE__MAX_RETRIES": "0", "RUBRICEM_LEARNING__JUDGE__CACHE": "false",
-        "RUBRICEM_LEARNING__JUDGE__TRAJECTORY_CHARS": "1000"})
+        "RUBRICEM_LEARNING__JUDGE__TRAJECTORY_CHARS": "1000",
+        # The price table prices the judge's model ($1 per prompt token, $2 per completion token: easy to check).
+        "RUBRICEM_PRICES": '{"smollm2": {"input_per_mtok": 1000000, "output_per_mtok": 2000000}}'})
     assert judged.returncode in (0, 1) and "judge smollm2 (llm)" in judged.stdout, judged.stderr[-3000:]
+    billed = re.search(r"tokens (\d+)\+(\d+), cost (\S+)", judged.stdout)
+    assert billed, judged.stdout
+    assert billed[3] == f"${int(billed[1]) + 2 * int(billed[2]):.4f}"  # the table's price, not the legacy fields' 0
 
     spans = phoenix.wait_until(lambda got: any(s["attributes"].get("rubricem.session.id") == sid for s in got) and any(
         s["name"] == "judge_group" and s["attributes"].get("rubricem.judge.kind") == "llm" for s in got))
