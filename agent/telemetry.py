@@ -423,6 +423,17 @@ def session_span(session_id: str, *, owner: str, policy_version: str, question: 
             session_finished(status)
 
 
+@contextmanager
+def _observed(name: str, attrs: Mapping[str, Any], seconds: Any) -> Iterator[Span]:
+    """A span around the block whose wall time the histogram child `seconds` observes, even when the block raises."""
+    t = _Timer()
+    try:
+        with span(name, attrs) as s:
+            yield s
+    finally:
+        seconds.observe(t.seconds())
+
+
 def session_finished(status: str) -> None:
     """Count a finished session (completed / failed / rejected ...)."""
     SESSIONS_FINISHED.labels(status=status).inc()
@@ -431,12 +442,8 @@ def session_finished(status: str) -> None:
 @contextmanager
 def stage_span(stage: str) -> Iterator[Span]:
     """One stage step (one graph node call)."""
-    t = _Timer()
-    try:
-        with span(f"stage {stage}", {"rubricem.stage": stage}) as s:
-            yield s
-    finally:
-        STAGE_SECONDS.labels(stage=stage).observe(t.seconds())
+    with _observed(f"stage {stage}", {"rubricem.stage": stage}, STAGE_SECONDS.labels(stage=stage)) as s:
+        yield s
 
 
 @dataclass
@@ -587,9 +594,6 @@ def cycle_finished(outcome: str) -> None:
 @contextmanager
 def phase_span(phase: str) -> Iterator[Span]:
     """One phase of a retrain cycle."""
-    t = _Timer()
-    try:
-        with span(f"retrain {phase}", {"rubricem.cycle.phase": phase}) as s:
-            yield s
-    finally:
-        CYCLE_PHASE_SECONDS.labels(phase=phase).observe(t.seconds())
+    with _observed(f"retrain {phase}", {"rubricem.cycle.phase": phase},
+                   CYCLE_PHASE_SECONDS.labels(phase=phase)) as s:
+        yield s
