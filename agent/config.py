@@ -157,6 +157,20 @@ class AgentConfig(BaseModel):
         default="native", description="CPU kernels of the embedded model's one-token decode steps: ATen's native "
         "bf16 matrix-vector products read the weights about twice as fast as oneDNN's (prompts always use oneDNN).")
 
+    embedded_engine: Literal["torch", "llamacpp"] = Field(
+        default="torch", description="What decodes the embedded policy's tokens: torch (transformers, the trainer's "
+        "own kernels) or llamacpp (llama.cpp in process on the bundled GGUF, adapters converted to GGUF LoRA; the "
+        "trainer recomputes log-probs and corrects for the gap). README, Speed.")
+    embedded_gguf_path: Path | None = Field(
+        default=None, description="llamacpp engine: the base model's GGUF; empty = the bundled SmolLM2 Q4_1 (required "
+        "with a custom EMBEDDED_MODEL_PATH: the same weights as that folder).")
+    embedded_threads: int = Field(
+        default=0, ge=0, le=256, description="CPU threads of the embedded policy's decode steps; 0 = measured on this "
+        "machine at start (the fastest count, cached per machine).")
+    embedded_compile: bool = Field(
+        default=False, description="torch engine: compile the one-token decode step (torch.compile, inductor's C++ "
+        "backend) over a static KV cache; a failed compile falls back to the eager kernels with one warning.")
+
     attribute_uncited: bool = Field(
         default=True, description="When an answer cites nothing, match its sentences to the retrieved passages they "
         "restate (labelled as matched after writing; rewards never use them).")

@@ -81,10 +81,35 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
         model_dir = ensure_converted(settings.store.model_cache)
     adapter = base_adapter(settings)
     version = adapter_version(adapter) if adapter is not None else "base"
+    if cfg.embedded_engine == "llamacpp":
+        return _llamacpp_policy(settings, model_dir, adapter, version)
     return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=adapter, version=version,
                                     decode_attention=cfg.embedded_decode_attention,
                                     decode_matmul=cfg.embedded_decode_matmul,
                                     merge_adapter=cfg.embedded_merge_adapter)
+
+
+def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, version: str) -> PolicyClient:
+    """The embedded policy with llama.cpp decoding (learning.llamacpp_engine): the tokenizer from `model_dir`, the
+    weights from the bundled GGUF (or `embedded_gguf_path`), adapters converted to GGUF LoRA under the model cache."""
+    cfg = settings.agent
+    try:
+        from learning.llamacpp_engine import EmbeddedLlamaCppClient
+        from learning.local_policy import bundled_gguf_path
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the llamacpp engine needs llama-cpp-python (the [local] extra): {exc}. Run `make install`, or set "
+            "RUBRICEM_AGENT__EMBEDDED_ENGINE=torch.") from exc
+    gguf = cfg.embedded_gguf_path
+    if gguf is None:
+        if cfg.embedded_model_path is not None:
+            raise ConfigurationError(
+                "RUBRICEM_AGENT__EMBEDDED_ENGINE=llamacpp with a custom EMBEDDED_MODEL_PATH needs "
+                "RUBRICEM_AGENT__EMBEDDED_GGUF_PATH: a GGUF of the same weights")
+        gguf = bundled_gguf_path()
+    return EmbeddedLlamaCppClient(model_dir, gguf, adapter_path=adapter, version=version,
+                                  lora_cache=settings.store.model_cache / "gguf-lora",
+                                  threads=cfg.embedded_threads or None)
 
 
 def base_adapter(settings: Settings) -> Path | None:

@@ -28,7 +28,10 @@ One step, top to bottom:
   2. Roll out n trajectories per question (the policy serves the latest adapter).
   3. Judge each group; skip groups that cannot be scored (counted).
   4. Launch this step's reflections (they overlap the update below).
-  5. Phase B: the SS-GRPO update.
+  5. Phase B: the SS-GRPO update. An update whose sampler-trainer KL exceeds `max_sampler_kl` (either phase) takes
+     no optimizer step (learning/update.py); the step still publishes, logs its row (`task/skipped` or
+     `reflection/skipped` with the measured KL and the threshold) and checkpoints, so the step counter and resume are
+     those of any other step.
   6. Wait for the reflections, publish the new adapter to the policy (NAME@STEP), log metrics, checkpoint.
 
 Checkpoints (accelerate `save_state`: weights, optimizer, RNG) also hold the run's session log (rollouts, judgements,
@@ -401,7 +404,8 @@ def _update(model: Any, optimizer: Any, seqs: list[TrainSequence], tokenizer: An
     try:
         return policy_update(model, optimizer, seqs, pad_id=int(tokenizer.pad_token_id), clip=cfg.clip,
                              beta=cfg.beta, token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm,
-                             temperature=temperature, backward=accelerator.backward, tis_cap=cfg.tis_cap)
+                             temperature=temperature, backward=accelerator.backward, tis_cap=cfg.tis_cap,
+                             max_sampler_kl=cfg.max_sampler_kl)
     finally:
         release_freed_memory()  # the update's multi-GB peak goes back to the OS, not kept by malloc (learning.memory)
 

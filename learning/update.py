@@ -15,6 +15,20 @@ truncated importance ratio min(π_old / π_sampler, tis_cap) (`learning.loss.tis
 for that mismatch. Tokens without a sampler log-prob get weight 1. The gap is reported as `sampler_logprob_gap` (mean
 |Δ log p|), `sampler_logprob_gap_max` and `sampler_kl` (the k3 estimate of KL(sampler ‖ trainer) per token), and the
 mean weight as `is_weight_mean`.
+
+A mismatch too large to correct is a fault, not noise: with `max_sampler_kl` set, an update whose `sampler_kl` (the
+mean k3 over the trainable tokens that have a sampler log-prob, across all processes) exceeds it takes no optimizer
+step, and `UpdateStats.skipped` names the measured value and the threshold; the metrics are still reported, so the
+step's row in metrics.jsonl shows both. Tokens without a sampler log-prob (NaN) do not count; an update with none never
+skips. Measured per token on this repo's SmolLM2-135M (docs/vllm.md and issue 37): bf16 engines against the bf16
+trainer ~0.002, llama.cpp's Q4_1 GGUF against the bf16 trainer ~0.006; faults are 20-100× that (log-probs reported at
+temperature 0.7 for a trainer at 1.0: ~0.13; a sampler without the trainer's adapter: ~0.45), hence
+`TrainConfig.max_sampler_kl` = 0.05. The check runs after the gradient pass and before `optimizer.step()`, from the
+π_old that pass already computes (detached), rather than in a separate no-grad pass first: a pre-pass would add a
+forward over the whole update to every step, while checking afterwards wastes a backward only on the rare step that is
+skipped; the gradients of a skipped step are zeroed, like those of a non-finite one. Under several processes the sum
+and count of k3 are all-reduced first, so every process takes the same decision (one stepping while another does not
+would split the replicas).
 """
 
 from __future__ import annotations
@@ -81,6 +95,7 @@ def policy_update(
     temperature: float = 1.0,
     backward: Callable[[torch.Tensor], None] | None = None,
     tis_cap: float | None = None,
+    max_sampler_kl: float | None = None,
 ) -> UpdateStats:
     """Train once on `seqs` (sequences without trainable tokens are dropped).
 
@@ -96,6 +111,8 @@ def policy_update(
         temperature: the sampling temperature the log-probs are taken at.
         backward: `accelerator.backward` under accelerate (default: loss.backward()).
         tis_cap: weight each token's surrogate by min(π_old / π_sampler, tis_cap); None: no correction.
+        max_sampler_kl: skip the optimizer step (`stats.skipped` says why) when the mean k3 KL(sampler ‖ trainer) per
+            token exceeds it; None: never skip on the mismatch.
     """
     started = time.perf_counter()
     stats = UpdateStats()
@@ -141,9 +158,14 @@ def policy_update(
         return stats
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    kl, kl_tokens = _global_sampler_kl(batches, olds, device) if max_sampler_kl is not None else (math.nan, 0)
     if not math.isfinite(loss_total) or not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)  # never step on garbage
         stats.skipped = f"non-finite loss ({loss_total}) or gradient norm ({grad_norm})"
+    elif max_sampler_kl is not None and kl > max_sampler_kl:  # NaN (no sampler log-probs) compares False
+        optimizer.zero_grad(set_to_none=True)  # the tokens are not the trainer's policy's: no step on them
+        stats.skipped = (f"sampler-trainer mismatch: KL(sampler ‖ trainer) {kl:.4g} per token (k3, {kl_tokens} "
+                         f"tokens) above max_sampler_kl {max_sampler_kl:g}")
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -166,20 +188,44 @@ def _accumulate(sums: dict[str, float], m: dict[str, float], share: float) -> No
             sums[k] = sums.get(k, 0.0) + v * share
 
 
-def sampler_mismatch(batches: Sequence[Batch], old: Sequence[torch.Tensor]) -> dict[str, float]:
-    """The train/inference gap over trainable tokens that have a sampler log-prob (NaN when none do): mean and max
-    |recomputed − sampler| log-prob, and the per-token k3 estimate of KL(sampler ‖ trainer) on the sampled tokens,
-    exp(Δ) − Δ − 1 with Δ = trainer − sampler (unbiased for tokens drawn from the sampler)."""
+def _sampler_deltas(batches: Sequence[Batch], old: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Δ = trainer − sampler log-prob at the trainable tokens where both are finite, flattened (CPU, float32)."""
     diffs: list[torch.Tensor] = []
     for b, lp in zip(batches, old, strict=True):
         if b.sampler_logprobs is None:
             continue
         usable = b.mask.bool() & torch.isfinite(b.sampler_logprobs) & torch.isfinite(lp)
-        diffs.append((lp.float() - b.sampler_logprobs.float())[usable])
-    d = torch.cat(diffs) if diffs else torch.empty(0)
+        diffs.append((lp.float() - b.sampler_logprobs.float())[usable].cpu())
+    return torch.cat(diffs) if diffs else torch.empty(0)
+
+
+def _k3(d: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(sampler ‖ trainer), exp(Δ) − Δ − 1 (unbiased for tokens drawn from the sampler)."""
+    return torch.exp(d.clamp(-20, 20)) - d - 1
+
+
+def sampler_mismatch(batches: Sequence[Batch], old: Sequence[torch.Tensor]) -> dict[str, float]:
+    """The train/inference gap over trainable tokens that have a sampler log-prob (NaN when none do): mean and max
+    |recomputed − sampler| log-prob, and the per-token k3 estimate of KL(sampler ‖ trainer) on the sampled tokens,
+    exp(Δ) − Δ − 1 with Δ = trainer − sampler (unbiased for tokens drawn from the sampler)."""
+    d = _sampler_deltas(batches, old)
     if d.numel() == 0:
         return {"sampler_logprob_gap": float("nan"), "sampler_logprob_gap_max": float("nan"),
                 "sampler_kl": float("nan")}
-    k3 = torch.exp(d.clamp(-20, 20)) - d - 1
     return {"sampler_logprob_gap": round(float(d.abs().mean()), 6),
-            "sampler_logprob_gap_max": round(float(d.abs().max()), 6), "sampler_kl": round(float(k3.mean()), 6)}
+            "sampler_logprob_gap_max": round(float(d.abs().max()), 6), "sampler_kl": round(float(_k3(d).mean()), 6)}
+
+
+def _global_sampler_kl(batches: Sequence[Batch], old: Sequence[torch.Tensor], device: torch.device
+                       ) -> tuple[float, int]:
+    """The mean k3 over every process's tokens with a sampler log-prob, and their count; (NaN, 0) when none have
+    one. Summed across processes when torch.distributed runs several, so all of them take the same decision."""
+    k3 = _k3(_sampler_deltas(batches, old))
+    totals = torch.tensor([float(k3.sum()), float(k3.numel())], dtype=torch.float64)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        on_device = totals.to(device)
+        dist.all_reduce(on_device)
+        totals = on_device.cpu()
+    total, count = float(totals[0]), int(totals[1])
+    return (total / count if count else math.nan), count

@@ -1,0 +1,233 @@
+"""PEFT LoRA adapters as GGUF LoRA files, so llama.cpp can sample with the weights the trainer saved (issue 37).
+
+llama.cpp loads a LoRA adapter from a GGUF file whose metadata says `general.type = adapter`, `adapter.type = lora`
+and `adapter.lora.alpha`, and whose tensors are named after the base model's GGUF tensors with `.lora_a` / `.lora_b`
+appended (`blk.3.attn_q.weight.lora_a`). It scales the product by alpha / rank, as PEFT does. This module writes
+such a file with the `gguf` package (no conversion script is installed, and none is needed):
+
+* names: `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` → `blk.N.attn_q.weight.lora_a`, and so on
+  for the seven projections of a Llama block;
+* shapes: PEFT keeps A as (rank, in) and B as (out, rank); GGUF stores the same row-major arrays, which ggml reads as
+  ne = [in, rank] and [rank, out], the layout llama.cpp checks;
+* the rotary permutation: the Llama GGUF converter permutes the rows of the query and key projections (pairs of
+  rotary dimensions interleaved per head), and transformers undoes it when it loads a GGUF. The adapter was trained
+  on the un-permuted layout, so the output rows of B for q and k get the same permutation the base weights got; A is
+  untouched (its rows are the rank). Without it every head's rotary pairs would be crossed and the adapter's effect
+  on attention would be noise (the equivalence test against the torch engine catches exactly that).
+
+Refused with the reason (`GGUFConversionError`, an `AdapterLoadError`): an adapter whose modules or shapes do not
+match the base GGUF (another model, another width, a layer the base does not have), a non-LoRA or DoRA adapter, and
+per-module rank or alpha patterns (one scale per file is all llama.cpp takes). rsLoRA's scale alpha/sqrt(rank) is
+kept by writing alpha·sqrt(rank) as the file's alpha.
+
+`write_dense_gguf` writes the base model itself de-quantized (bf16 or f16), for measuring how much of the sampler's
+gap to the trainer is the 4-bit weights and how much the kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from learning.local_policy import AdapterLoadError
+
+LORA_CONVERSION_FORMAT = 1  # bump to re-convert cached adapters
+_PROJECTIONS = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_PEFT_KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.lora_([AB])\.weight$")
+
+
+class GGUFConversionError(AdapterLoadError):
+    """A LoRA adapter could not be written as a GGUF LoRA for this base model; nothing was written."""
+
+
+def _base_info(base_gguf: Path) -> dict[str, Any]:
+    """Architecture, head counts and every tensor's row-major shape of the base GGUF."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(base_gguf))
+
+    def field(key: str) -> Any:
+        f = reader.fields.get(key)
+        return f.contents() if f is not None else None
+
+    arch = field("general.architecture")
+    shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
+    return {"arch": arch, "heads": field(f"{arch}.attention.head_count"),
+            "kv_heads": field(f"{arch}.attention.head_count_kv"), "shapes": shapes}
+
+
+def _permute_rows(rows: Any, n_head: int) -> Any:
+    """The Llama GGUF converter's rotary permutation of a projection's output rows (numpy, rows first)."""
+    shape = rows.shape
+    return rows.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def _adapter_scale_alpha(config: dict[str, Any]) -> float:
+    if str(config.get("peft_type", "")).upper() != "LORA":
+        raise GGUFConversionError(f"only LoRA adapters convert to GGUF, not {config.get('peft_type')!r}")
+    if config.get("use_dora"):
+        raise GGUFConversionError("DoRA adapters cannot be written as a GGUF LoRA (llama.cpp has no magnitude vector)")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise GGUFConversionError("per-module rank_pattern/alpha_pattern cannot be written as one GGUF LoRA scale")
+    r, alpha = int(config["r"]), float(config["lora_alpha"])
+    return alpha * math.sqrt(r) if config.get("use_rslora") else alpha  # llama.cpp scales by alpha / r
+
+
+def convert_lora(adapter_dir: Path, base_gguf: Path, out_path: Path) -> Path:
+    """Write the PEFT LoRA adapter in `adapter_dir` as a GGUF LoRA for `base_gguf` at `out_path` (atomically).
+
+    Raises:
+        GGUFConversionError: the adapter is not a plain LoRA, or does not fit the base model (named in the message).
+    """
+    import gguf
+    import numpy as np
+    from safetensors.torch import load_file  # numpy has no bfloat16, the trainer's dtype
+
+    adapter_dir, out_path = Path(adapter_dir), Path(out_path)
+    try:
+        config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+        tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    except (OSError, ValueError) as exc:
+        raise GGUFConversionError(f"unreadable adapter in {adapter_dir}: {exc}") from exc
+    except Exception as exc:  # safetensors raises its own error types for a corrupt file
+        raise GGUFConversionError(f"unreadable adapter weights in {adapter_dir}: {exc}") from exc
+    alpha = _adapter_scale_alpha(config)
+    base = _base_info(base_gguf)
+    if base["arch"] != "llama":
+        raise GGUFConversionError(f"the base GGUF's architecture is {base['arch']!r}; only llama is supported")
+    pairs: dict[str, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        m = _PEFT_KEY.match(key)
+        if m is None:
+            raise GGUFConversionError(f"adapter tensor {key!r} is not a LoRA A/B of a Llama projection")
+        name = f"blk.{m.group(1)}.{_PROJECTIONS[m.group(2)]}.weight"
+        pairs.setdefault(name, {})[m.group(3)] = value.float().numpy()
+    if not pairs:
+        raise GGUFConversionError(f"{adapter_dir} holds no LoRA weights")
+    out: list[tuple[str, Any]] = []
+    for name in sorted(pairs):
+        pair = pairs[name]
+        if set(pair) != {"A", "B"}:
+            raise GGUFConversionError(f"{name}: the adapter has only lora_{''.join(pair)}")
+        base_shape = base["shapes"].get(name)
+        if base_shape is None:
+            raise GGUFConversionError(f"the adapter adapts {name}, which the base model does not have "
+                                      "(an adapter for another model?)")
+        a, b = pair["A"], pair["B"]
+        out_dim, in_dim = base_shape
+        if a.shape[1] != in_dim or b.shape[0] != out_dim or a.shape[0] != b.shape[1]:
+            raise GGUFConversionError(
+                f"{name}: adapter A {tuple(a.shape)} / B {tuple(b.shape)} do not fit the base weight "
+                f"({out_dim} x {in_dim}); the adapter was trained for another model")
+        if ".attn_q." in name:
+            b = _permute_rows(b, int(base["heads"]))
+        elif ".attn_k." in name:
+            b = _permute_rows(b, int(base["kv_heads"]))
+        out += [(f"{name}.lora_a", np.ascontiguousarray(a)), (f"{name}.lora_b", np.ascontiguousarray(b))]
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", dir=out_path.parent)
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(tmp, "llama")
+        writer.add_string("general.type", "adapter")
+        writer.add_string("adapter.type", "lora")
+        writer.add_float32("adapter.lora.alpha", alpha)
+        for name, array in out:
+            writer.add_tensor(name, array)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, out_path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out_path
+
+
+def adapter_digest(adapter_dir: Path, base_gguf: Path) -> str:
+    """A key for the converted file: the adapter's config and weights, the base GGUF's identity, the format."""
+    h = hashlib.sha256(f"{LORA_CONVERSION_FORMAT}:{base_gguf.name}:{base_gguf.stat().st_size}".encode())
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        with open(adapter_dir / name, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:24]
+
+
+def cached_lora(adapter_dir: Path, base_gguf: Path, cache_dir: Path) -> Path:
+    """The GGUF LoRA of `adapter_dir`, converted once into `cache_dir` and reused while the adapter is unchanged."""
+    adapter_dir = Path(adapter_dir)
+    try:
+        digest = adapter_digest(adapter_dir, base_gguf)
+    except OSError as exc:
+        raise GGUFConversionError(f"unreadable adapter in {adapter_dir}: {exc}") from exc
+    target = Path(cache_dir) / f"lora-{digest}.gguf"
+    if target.is_file():
+        return target
+    return convert_lora(adapter_dir, base_gguf, target)
+
+
+def write_dense_gguf(src: Path, dst: Path, dtype: str = "bf16") -> Path:
+    """Copy the GGUF at `src` with every quantized tensor de-quantized to `dtype` ("bf16" or "f16").
+
+    The torch engine's weights are the bundled Q4_1 GGUF de-quantized and rounded to bf16, so a bf16 copy holds
+    exactly the trainer's weights: sampling from it leaves only the kernels' arithmetic between sampler and trainer.
+    """
+    import gguf
+    import numpy as np
+
+    if dtype not in ("bf16", "f16"):
+        raise ValueError(f"dtype must be 'bf16' or 'f16', not {dtype!r}")
+    want = gguf.GGMLQuantizationType.BF16 if dtype == "bf16" else gguf.GGMLQuantizationType.F16
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(tmp, arch)
+        for key, field in reader.fields.items():
+            if key.startswith("GGUF.") or key == "general.architecture":
+                continue
+            if key == "general.file_type":
+                writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_BF16 if dtype == "bf16"
+                                         else gguf.LlamaFileType.MOSTLY_F16))
+                continue
+            value = field.contents()
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, value, vtype, sub_type=sub)
+        for t in reader.tensors:
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            if t.tensor_type in (gguf.GGMLQuantizationType.F32,):
+                writer.add_tensor(t.name, np.asarray(t.data, dtype=np.float32).reshape(shape))
+                continue
+            dense = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
+            if dtype == "bf16":
+                writer.add_tensor(t.name, gguf.quants.quantize(dense, want), raw_dtype=want)
+            else:
+                writer.add_tensor(t.name, dense.astype(np.float16))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dst
