@@ -86,19 +86,54 @@ def _weight_bytes(policy: TransformersPolicyClient, merged: bool = False) -> int
                if not (merged and "lora_" in name))
 
 
-def embedded(args: argparse.Namespace, bw: float) -> list[dict[str, Any]]:
-    import torch
+ENGINES = ("torch", "torch-compiled", "llamacpp", "llamacpp-bf16")
 
-    torch.set_num_threads(args.threads)
+
+def dense_gguf() -> Path:
+    """The bundled GGUF de-quantized to bf16 (the torch engine's exact weights), written once into the model cache."""
+    from learning.gguf_lora import write_dense_gguf
+
+    path = MODEL_CACHE / "smollm2-135m-instruct.bf16.gguf"
+    if not path.is_file():
+        write_dense_gguf(bundled_gguf_path(), path, "bf16")
+    return path
+
+
+def make_policy(engine: str, args: argparse.Namespace) -> Any:
+    """The embedded policy on `engine`, at the benchmark's thread count."""
     model_dir = ensure_converted(MODEL_CACHE)
-    policy = TransformersPolicyClient(model_dir, dtype=args.dtype, merge_adapter=args.merge_adapter)
+    if engine.startswith("llamacpp"):
+        from learning.llamacpp_engine import EmbeddedLlamaCppClient
+
+        gguf = dense_gguf() if engine == "llamacpp-bf16" else bundled_gguf_path()
+        return EmbeddedLlamaCppClient(model_dir, gguf, lora_cache=MODEL_CACHE / "gguf-lora", threads=args.threads,
+                                      batch_threads=args.threads)
+    kw: dict[str, Any] = {"compile": True} if engine == "torch-compiled" else {}
+    return TransformersPolicyClient(model_dir, dtype=args.dtype, merge_adapter=args.merge_adapter,
+                                    threads=args.torch_threads or None, **kw)
+
+
+def _bytes_per_step(engine: str, policy: Any, adapter: bool, merged: bool) -> int:
+    if engine.startswith("llamacpp"):
+        return (dense_gguf() if engine == "llamacpp-bf16" else bundled_gguf_path()).stat().st_size
+    return _weight_bytes(policy, merged=adapter and merged)
+
+
+def embedded(args: argparse.Namespace, bw: float, engine: str = "torch") -> list[dict[str, Any]]:
+    t = time.perf_counter()
+    policy = make_policy(engine, args)
+    load_s = time.perf_counter() - t
     ctx: PromptContext = asyncio.run(policy.render_prompt(MESSAGES))
     rows = []
     for adapter in (False, True):
         if adapter:
+            t = time.perf_counter()
             policy.load_adapter(ADAPTER, "smollm2-sft")
-        wbytes = _weight_bytes(policy, merged=adapter and args.merge_adapter)
-        asyncio.run(policy.generate(ctx, stop=[], max_tokens=8, temperature=0.0))  # warm-up
+            swap_s = time.perf_counter() - t
+        wbytes = _bytes_per_step(engine, policy, adapter, args.merge_adapter)
+        t = time.perf_counter()
+        asyncio.run(policy.generate(ctx, stop=[], max_tokens=8, temperature=0.0))  # warm-up (and compile)
+        warm_s = time.perf_counter() - t
         for temperature in (0.0, 1.0):
             for n in (1, *args.groups):
                 rates, tokens = [], []
@@ -116,17 +151,59 @@ def embedded(args: argparse.Namespace, bw: float) -> list[dict[str, Any]]:
                     rates.append(k / dt)
                     tokens.append(k)
                 rate = max(rates)  # the least disturbed repetition (the machine is shared)
-                limit = n * bw / wbytes
+                groups_batch = not engine.startswith("llamacpp")  # llama.cpp rows run one after another
+                limit = (n if groups_batch else 1) * bw / wbytes
                 rows.append({
-                    "engine": "torch", "dtype": args.dtype, "adapter": adapter, "mode": "greedy" if temperature == 0
-                    else "sampled", "n": n, "tokens": tokens, "tok_s": round(rate, 2),
-                    "tok_s_all": [round(r, 2) for r in rates], "bytes_per_step": wbytes,
+                    "engine": engine, "dtype": "Q4_1 gguf" if engine == "llamacpp" else
+                    ("bf16 gguf" if engine == "llamacpp-bf16" else args.dtype), "adapter": adapter,
+                    "mode": "greedy" if temperature == 0 else "sampled", "n": n, "tokens": tokens,
+                    "tok_s": round(rate, 2), "tok_s_all": [round(r, 2) for r in rates], "bytes_per_step": wbytes,
                     "limit_tok_s": round(limit, 1), "of_limit": round(rate / limit, 3),
+                    "load_s": round(load_s, 2), "warmup_s": round(warm_s, 2),
+                    "adapter_swap_s": round(swap_s, 2) if adapter else None,
+                    "compile_s": getattr(policy, "compile_seconds", None),
                 })  # fmt: skip
-                print(f"  torch {args.dtype} adapter={adapter!s:5} {rows[-1]['mode']:7} n={n}: {rate:7.1f} tok/s",
-                      flush=True)
+                print(f"  {engine} adapter={adapter!s:5} {rows[-1]['mode']:7} n={n}: {rate:7.1f} tok/s", flush=True)
     asyncio.run(policy.aclose())
     return rows
+
+
+MISMATCH_PROMPTS = [
+    MESSAGES,
+    [ChatMessage("system", "You are a research assistant. Plan, search, then answer with citations."),
+     ChatMessage("user", "Who founded the University of Paris, and which religious orders taught there in the 1220s?")],
+]
+
+
+def mismatch(args: argparse.Namespace, engine: str) -> dict[str, Any]:
+    """Sampler against trainer on the shipped SFT adapter: continuations sampled by `engine`, re-scored by the torch
+    engine in bf16 with the same adapter (the trainer's arithmetic: unmerged LoRA, sdpa, one teacher-forced pass).
+    Mean and max |Δ log p| and the k3 estimate of KL(sampler ‖ trainer) per token, the figure `max_sampler_kl`
+    is compared with."""
+    import math
+
+    sampler = make_policy(engine, args)
+    sampler.load_adapter(ADAPTER, "smollm2-sft")
+    trainer = TransformersPolicyClient(ensure_converted(MODEL_CACHE), dtype="bfloat16", adapter_path=ADAPTER,
+                                       version="smollm2-sft")
+    out: dict[str, Any] = {"engine": engine, "adapter": "smollm2-sft", "by_temperature": {}}
+    for temperature in (1.0, 0.8):
+        diffs: list[float] = []
+        for pi, messages in enumerate(MISMATCH_PROMPTS):
+            ctx = asyncio.run(sampler.render_prompt(messages))
+            for seed in range(args.mismatch_samples):
+                g = asyncio.run(sampler.generate(ctx, stop=[], max_tokens=args.tokens, temperature=temperature,
+                                                 seed=100 * pi + seed))
+                theirs = asyncio.run(trainer.score(ctx, g.token_ids, temperature=temperature))
+                diffs += [b - a for a, b in zip(g.logprobs, theirs, strict=True)]
+        k3 = [math.exp(max(-20.0, min(20.0, d))) - d - 1 for d in diffs]
+        out["by_temperature"][str(temperature)] = {
+            "tokens": len(diffs), "mean_abs_gap": round(sum(abs(d) for d in diffs) / len(diffs), 4),
+            "max_abs_gap": round(max(abs(d) for d in diffs), 3), "sampler_kl_k3": round(sum(k3) / len(k3), 5)}
+        print(f"  mismatch {engine} T={temperature}: {out['by_temperature'][str(temperature)]}", flush=True)
+    asyncio.run(sampler.aclose())
+    asyncio.run(trainer.aclose())
+    return out
 
 
 def llamacpp(args: argparse.Namespace, bw: float) -> list[dict[str, Any]]:
@@ -167,16 +244,21 @@ def llamacpp(args: argparse.Namespace, bw: float) -> list[dict[str, Any]]:
     return rows
 
 
-def session(args: argparse.Namespace) -> dict[str, Any]:
-    """One `rubricem ask` at the demo's settings, in process; sampled tokens over the session's wall time."""
-    import torch
-
+def session(args: argparse.Namespace, engine: str | None = None) -> dict[str, Any]:
+    """One `rubricem ask` at the demo's settings, in process; sampled tokens over the session's wall time. With
+    `engine`, on that embedded engine (else on the configured one)."""
     from agent.config import RunOptions
     from app.container import build
     from app.settings import Settings
 
-    torch.set_num_threads(args.threads)
     settings = Settings()
+    if engine is not None:
+        agent = settings.agent.model_copy(update={
+            "embedded_engine": "llamacpp" if engine.startswith("llamacpp") else "torch",
+            "embedded_compile": engine == "torch-compiled",
+            "embedded_gguf_path": dense_gguf() if engine == "llamacpp-bf16" else None,
+            "embedded_threads": args.threads if engine.startswith("llamacpp") else args.torch_threads})
+        settings = settings.model_copy(update={"agent": agent})
     values = settings.agent.defaults.model_dump() | {"max_tool_calls": 2, "format": "short_form", "seed": 0}
     if args.session_temperature is not None:
         values["temperature"] = args.session_temperature
@@ -208,7 +290,8 @@ def session(args: argparse.Namespace) -> dict[str, Any]:
     sampled = [x for x in outcome.trajectory.turns if x.kind == "sampled"]
     k = sum(len(x.token_ids) for x in sampled)
     gen_s = sum(c["seconds"] for c in calls)
-    return {"question": DEMO_Q, "temperature": options.temperature,
+    return {"engine": engine or settings.agent.embedded_engine, "question": DEMO_Q,
+            "temperature": options.temperature,
             "decode_kernels": [settings.agent.embedded_decode_attention, settings.agent.embedded_decode_matmul],
             "merged_adapter": settings.agent.embedded_merge_adapter,
             "sampled_ids": [list(x.token_ids) for x in sampled],
@@ -248,7 +331,14 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per generation (default 64)")
     ap.add_argument("--groups", default="4,8", help="group sizes for generate_group (default 4,8)")
     ap.add_argument("--reps", type=int, default=2, help="repetitions per figure; the best is kept (default 2)")
-    ap.add_argument("--threads", type=int, default=2, help="torch and llama.cpp threads (default 2)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="llama.cpp threads (default: every CPU, the machine's natural count)")
+    ap.add_argument("--torch-threads", type=int, default=0,
+                    help="the torch engine's decode threads (default 0: measured, as the product does)")
+    ap.add_argument("--engines", default=",".join(ENGINES),
+                    help=f"embedded engines to measure, of {','.join(ENGINES)} (default all)")
+    ap.add_argument("--mismatch-samples", type=int, default=3,
+                    help="sampled continuations per prompt and temperature for the sampler-trainer gap (0: skip)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--bandwidth-mib", type=int, default=512, help="array size for the bandwidth probe")
     ap.add_argument("--session", action="store_true", help="also time one research session at the demo's settings")
@@ -265,6 +355,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "docs" / "decode" / "decode.json"))
     args = ap.parse_args()
     args.groups = [int(g) for g in args.groups.split(",") if g.strip()]
+    args.engines = [e for e in args.engines.split(",") if e.strip()]
+    if unknown := set(args.engines) - set(ENGINES):
+        ap.error(f"unknown engines {sorted(unknown)}; choose from {','.join(ENGINES)}")
 
     started = time.time()
     load_before = os.getloadavg()
@@ -272,8 +365,10 @@ def main() -> int:
     bw = bandwidth(args.bandwidth_mib, reps=5)
     print(f"  copy {bw['copy_gbps']} GB/s, read {bw['read_gbps']} GB/s", flush=True)
     limit_bw = bw["copy_gbps"] * 1e9
-    print("embedded policy ...", flush=True)
-    rows = embedded(args, limit_bw)
+    rows: list[dict[str, Any]] = []
+    for engine in args.engines:
+        print(f"embedded policy on {engine} ...", flush=True)
+        rows += embedded(args, limit_bw, engine)
     if not args.skip_llamacpp:
         print("llama.cpp in process ...", flush=True)
         rows += llamacpp(args, limit_bw)
@@ -301,25 +396,30 @@ def main() -> int:
         targets["torch_one_vs_llamacpp"] = round(one["tok_s"] / lc["tok_s"], 3)
     if args.compare_kernels:
         result["kernel_sessions"] = compare_kernels(args)
+    if args.mismatch_samples:
+        result["mismatch"] = [mismatch(args, e) for e in args.engines if e.startswith("llamacpp")]
     if args.session:
-        print("one research session at the demo's settings ...", flush=True)
-        result["session"] = s = session(args)
-        print(f"  {s['sampled_tokens']} sampled tokens in {s['wall_s']} s: {s['sampled_tok_per_wall_s']} tok/s; "
-              f"{s['generate_calls']} generate calls took {s['generate_s']} s ({s['tok_per_generate_s']} tok/s "
-              f"inside them), prompts up to {s['max_prompt_tokens']} tokens", flush=True)
-        if lc:
-            targets["session_vs_llamacpp"] = round(s["sampled_tok_per_wall_s"] / lc["tok_s"], 3)
+        result["sessions"] = []
+        for engine in args.engines:
+            print(f"one research session at the demo's settings on {engine} ...", flush=True)
+            s = session(args, engine)
+            result["sessions"].append(s)
+            print(f"  {s['sampled_tokens']} sampled tokens in {s['wall_s']} s: {s['sampled_tok_per_wall_s']} tok/s; "
+                  f"{s['generate_calls']} generate calls took {s['generate_s']} s ({s['tok_per_generate_s']} tok/s "
+                  f"inside them), prompts up to {s['max_prompt_tokens']} tokens", flush=True)
+            if lc:
+                targets[f"session_vs_llamacpp[{engine}]"] = round(s["sampled_tok_per_wall_s"] / lc["tok_s"], 3)
     result["targets"] = targets
     result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     result["seconds"] = round(time.time() - started, 1)
 
     print(f"\nbandwidth (numpy copy, read+write): {bw['copy_gbps']} GB/s; load average before "
           f"{result['loadavg_before'][0]}, after {result['loadavg_after'][0]}")
-    head = f"{'engine':9} {'weights':10} {'adapter':7} {'mode':7} {'n':>2} {'tok/s':>8} {'limit':>8} {'of limit':>8}"
+    head = f"{'engine':14} {'weights':10} {'adapter':7} {'mode':7} {'n':>2} {'tok/s':>8} {'limit':>8} {'of limit':>8}"
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['engine']:9} {r['dtype']:10} {'yes' if r['adapter'] else 'no':7} {r['mode']:7} {r['n']:>2} "
+        print(f"{r['engine']:14} {r['dtype']:10} {'yes' if r['adapter'] else 'no':7} {r['mode']:7} {r['n']:>2} "
               f"{r['tok_s']:>8.1f} {r['limit_tok_s']:>8.1f} {r['of_limit']:>8.3f}")
     print("targets:", json.dumps(targets))
     out = Path(args.out)

@@ -97,6 +97,7 @@ class CheckOptions:
     reflection: bool
     seed: int
     threads: int
+    engine: str
     snippets: int
     snippet_chars: int
     grad_checkpointing: bool
@@ -232,12 +233,16 @@ def make_config(opts: CheckOptions, credit: str, runs: Path) -> TrainConfig:
 
 
 def offline_settings(data_dir: Path, model_dir: Path, snippets: int = 5, snippet_chars: int = 700,
-                     adapter: Path | None = None) -> Settings:
+                     adapter: Path | None = None, engine: str = "torch") -> Settings:
     """Settings for a throwaway data folder, the converted SmolLM2 (plus `adapter`, if given, as the policy's starting
-    weights), smaller tool outputs, the offline judge."""
+    weights), smaller tool outputs, the offline judge; rollouts decoded by `engine` (llamacpp: the bundled GGUF,
+    which `model_dir` was converted from)."""
+    from learning.local_policy import bundled_gguf_path
+
     s = Settings(store=StoreConfig(data_dir=data_dir), agent=AgentConfig(
         embedded_model_path=model_dir, embedded_adapter_path=adapter, local_search_k=snippets,
-        snippet_chars=snippet_chars))
+        snippet_chars=snippet_chars, embedded_engine=engine,
+        embedded_gguf_path=bundled_gguf_path() if engine == "llamacpp" else None))
     return s.model_copy(update={"learning": s.learning.model_copy(update={
         "judge": s.learning.judge.model_copy(update={"base_url": None})})})
 
@@ -420,6 +425,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[CheckOptions, argpars
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: with another job on the 2 cores, 2 threads ran ~7x slower than 1; "
                         "on an idle machine 2 threads ran the update 2.2x faster)")
+    p.add_argument("--engine", choices=("torch", "llamacpp"), default="torch",
+                   help="what decodes the rollouts and evaluation sessions (RUBRICEM_AGENT__EMBEDDED_ENGINE); the "
+                        "trainer always recomputes log-probs in torch")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="trainer weights dtype (bfloat16: 1.6x faster update on CPUs with AMX; LoRA stays float32)")
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL, help="converted SmolLM2 folder")
@@ -447,7 +455,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[CheckOptions, argpars
         rollouts=pick(a.rollouts, 4, 2), lr=a.lr, lora_r=a.lora_r, max_tool_calls=a.max_tool_calls,
         plan_tokens=caps[0], research_tokens=caps[1], review_tokens=caps[2], answer_tokens=caps[3],
         temperature=a.temperature, reflection=a.reflection, seed=a.seed,
-        threads=a.threads, snippets=a.snippets, snippet_chars=a.snippet_chars,
+        threads=a.threads, engine=a.engine, snippets=a.snippets, snippet_chars=a.snippet_chars,
         grad_checkpointing=a.grad_checkpointing, dtype=a.dtype, init_adapter=a.init_adapter)
     if a.init_adapter is not None and not (a.init_adapter / "adapter_config.json").is_file():
         p.error(f"--init-adapter {a.init_adapter}: no adapter_config.json there")
@@ -462,7 +470,8 @@ async def main_async(opts: CheckOptions, args: argparse.Namespace) -> dict[str, 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="rubricem-learning-check-"))
-    settings = offline_settings(data_dir, args.model_dir, opts.snippets, opts.snippet_chars, opts.init_adapter)
+    settings = offline_settings(data_dir, args.model_dir, opts.snippets, opts.snippet_chars, opts.init_adapter,
+                                opts.engine)
     runs = data_dir / "runs"  # adapters, rollouts and eval logs stay out of OUT (which holds only the report)
     began = time.perf_counter()
 

@@ -1,0 +1,71 @@
+"""SS-GRPO with llama.cpp sampling the rollouts (issue 37): the trainer recomputes every log-prob in torch, reports
+the sampler-trainer gap per step, and each published adapter is converted to GGUF LoRA and served by llama.cpp for
+the next step's rollouts (a hot swap, no restart).
+
+Real parts throughout: the bundled SmolLM2 GGUF in llama.cpp, the same weights de-quantized in torch for the trainer,
+the shipped SFT adapter as the starting policy, the offline judge, the bundled corpus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SFT_ADAPTER = REPO_ROOT / "agent" / "adapters" / "smollm2-sft"
+
+
+@pytest.mark.slow
+def test_rollouts_from_llamacpp_train_and_the_new_adapter_serves_the_next_step(
+        smollm2_dir: Path, smollm2_gguf: Path, tmp_path: Path) -> None:
+    from app.settings import Settings
+    from app.training import build_trainer
+    from learning.grpo import train
+    from learning.llamacpp_engine import EmbeddedLlamaCppClient
+    from learning.train_config import load_config
+    from store.config import StoreConfig
+
+    settings = Settings(store=StoreConfig(data_dir=tmp_path / "data", model_cache=tmp_path / "models"))
+    settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={
+        "embedded_model_path": smollm2_dir, "embedded_adapter_path": SFT_ADAPTER, "embedded_engine": "llamacpp",
+        "embedded_gguf_path": smollm2_gguf, "embedded_threads": 1})})
+    cfg = load_config(None, None, name="lc", steps=2, batch_questions=1, rollouts=2, max_tool_calls=1,
+                      plan_tokens=48, research_tokens=24, review_tokens=24, answer_tokens=32, n_questions=4,
+                      curriculum_window=1, lr=5e-5, gradient_checkpointing=False, temperature=0.8,
+                      init_adapter=SFT_ADAPTER, dtype="bfloat16")
+    parts, folder = build_trainer(settings, cfg)
+    assert isinstance(parts.policy, EmbeddedLlamaCppClient)
+    served: list[str] = []
+    real = parts.run_session
+
+    async def session(question: str, options: Any) -> Any:
+        served.append(parts.policy.policy_version)
+        return await real(question, options)
+
+    parts.run_session = session
+
+    async def go() -> Any:
+        try:
+            return await train(cfg, parts, folder)
+        finally:
+            await parts.policy.aclose()
+
+    result = asyncio.run(go())
+    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and result.version == "lc@2"
+    for r in rows:
+        # every sampled token had a sampler log-prob, and the trainer's recomputation stayed close to it
+        assert r["nan_logprob_rollouts"] == 0
+        assert math.isfinite(r["task/sampler_logprob_gap"]) and r["task/sampler_logprob_gap"] < 0.2, r
+        assert r["task/sampler_kl"] < cfg.max_sampler_kl, r
+        assert r["task/skipped"] is None and math.isfinite(r["task/loss"])
+    # step 1's rollouts were sampled by llama.cpp with the adapter step 0 published, converted to GGUF LoRA
+    assert served == ["lc@0", "lc@0", "lc@1", "lc@1"], served  # lc@0 is the SFT adapter the run starts from
+    assert list((tmp_path / "models" / "gguf-lora").glob("lora-*.gguf"))
