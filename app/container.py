@@ -86,7 +86,8 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
     return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=adapter, version=version,
                                     decode_attention=cfg.embedded_decode_attention,
                                     decode_matmul=cfg.embedded_decode_matmul,
-                                    merge_adapter=cfg.embedded_merge_adapter)
+                                    merge_adapter=cfg.embedded_merge_adapter,
+                                    threads=cfg.embedded_threads or None, compile=cfg.embedded_compile)
 
 
 def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, version: str) -> PolicyClient:
@@ -98,7 +99,7 @@ def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, 
         from learning.local_policy import bundled_gguf_path
     except ImportError as exc:
         raise ConfigurationError(
-            f"the llamacpp engine needs llama-cpp-python (the [local] extra): {exc}. Run `make install`, or set "
+            f"the llamacpp engine needs llama-cpp-python (the [llamacpp] extra): {exc}. Run `make install`, or set "
             "RUBRICEM_AGENT__EMBEDDED_ENGINE=torch.") from exc
     gguf = cfg.embedded_gguf_path
     if gguf is None:

@@ -106,13 +106,24 @@ def gqa_attention(
     kv_heads, length = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     rows = query.reshape(b, kv_heads, groups * q, d)
-    with _onednn_inside_disabled():  # oneDNN's batched products are the fast ones here
-        scores = torch.matmul(rows, key.transpose(2, 3)) * scaling  # (b, K, g·q, L)
+    # A compiled decode step (learning.compiled_decode) gets the products written as sums over one axis, which
+    # inductor turns into loops that read the cache in place, fused with the mask and the softmax; batched products
+    # would be ATen calls there, with ATen's slow bf16 kernels (oneDNN's switch holds a lock dynamo cannot trace).
+    # The sums accumulate in float32 and round to the query's dtype, as the products do.
+    compiling = torch.compiler.is_compiling()
+    with contextlib.nullcontext() if compiling else _onednn_inside_disabled():  # oneDNN's batched products win here
+        if compiling:
+            scores = (rows.unsqueeze(-2).float() * key.unsqueeze(2).float()).sum(-1).to(query.dtype) * scaling
+        else:
+            scores = torch.matmul(rows, key.transpose(2, 3)) * scaling  # (b, K, g·q, L)
         if attention_mask is not None:
             mask = attention_mask[:, :, None, :, :length]  # (b, 1, 1, q, L) against (b, K, g, q, L)
             scores = (scores.view(b, kv_heads, groups, q, length) + mask).view(b, kv_heads, groups * q, length)
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        out = torch.matmul(weights, value)  # (b, K, g·q, d)
+        if compiling:
+            out = (weights.unsqueeze(-1).float() * value.unsqueeze(2).float()).sum(-2).to(query.dtype)
+        else:
+            out = torch.matmul(weights, value)  # (b, K, g·q, d)
     return out.view(b, heads, q, d).transpose(1, 2).contiguous(), None
 
 

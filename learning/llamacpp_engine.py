@@ -27,7 +27,6 @@ import contextlib
 import ctypes
 import logging
 import math
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,6 +37,15 @@ from agent.policy import check_generate_args
 from agent.protocols import ChatMessage, Generation, PromptContext
 from learning.gguf_lora import GGUFConversionError, cached_lora
 from learning.local_policy import AdapterLoadError, _read_adapter_config, _Row
+from learning.threads import (
+    PLAN_FILENAME,
+    ThreadPlan,
+    available_cpus,
+    cached_plan,
+    candidate_counts,
+    machine_key,
+    measure_plan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +78,12 @@ def _install_log_callback() -> None:
 
         _log_callback = _callback
         lc.llama_log_set(_callback, ctypes.c_void_p(0))
+
+
+def _llama_cpp_version() -> str:
+    import llama_cpp
+
+    return str(getattr(llama_cpp, "__version__", "?"))
 
 
 def _last_errors() -> str:
@@ -160,6 +174,11 @@ class LlamaCppEngine:
                 rows.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
         return np.stack(rows)
 
+    def set_threads(self, threads: int, batch_threads: int) -> None:
+        """Threads of one-token steps and of prompt batches from the next decode on."""
+        self._lc.llama_set_n_threads(self._ctx, int(threads), int(batch_threads))
+        self.threads, self.batch_threads = int(threads), int(batch_threads)
+
     def stack(self, rows: Sequence[Any]) -> Any:
         """Logit rows as one (rows × vocab) array."""
         return self._np.stack(rows)
@@ -202,7 +221,9 @@ class EmbeddedLlamaCppClient:
         adapter_path: a PEFT LoRA folder to serve from the start (converted to GGUF LoRA and cached).
         version: the policy version name of the base weights, or of the adapter when one is given.
         lora_cache: where converted adapters are kept (one file per adapter content).
-        threads, batch_threads: llama.cpp threads for one-token steps and for prompts (None: every CPU).
+        threads, batch_threads: llama.cpp threads for one-token steps and for prompts. None: measured on this machine
+            at the first start (`learning.threads`: each count timed round-robin, the fastest kept, a larger count
+            only when it is more than 3 % faster) and cached in `lora_cache/../threads.json` per CPU model and count.
         n_ctx: the KV cache size; None = the model's trained context (8,192 for SmolLM2).
     """
 
@@ -228,11 +249,17 @@ class EmbeddedLlamaCppClient:
         self._tokenizer: Any = AutoTokenizer.from_pretrained(str(tokenizer_dir))
         config = AutoConfig.from_pretrained(str(tokenizer_dir))
         self._max_context = int(getattr(config, "max_position_embeddings", 0) or 0) or None
-        cpus = os.cpu_count() or 1
+        cpus = available_cpus()
         self._engine = LlamaCppEngine(self._gguf, n_ctx=n_ctx or self._max_context or 4096,
-                                      threads=threads or cpus, batch_threads=batch_threads or cpus)
+                                      threads=threads or 1, batch_threads=batch_threads or threads or cpus)
         self._max_context = min(self._max_context or self._engine.n_ctx, self._engine.n_ctx)
         self._lora_cache = Path(lora_cache)
+        if threads is None:
+            key = machine_key(f"llama.cpp {self._gguf.name}", f"llama-cpp-python {_llama_cpp_version()}")
+            plan = cached_plan(self._lora_cache.parent / PLAN_FILENAME, key, self._probe_threads)
+            self._engine.set_threads(plan.decode, batch_threads or plan.prefill)
+        self.threads = ThreadPlan(decode=self._engine.threads, prefill=self._engine.batch_threads,
+                                  source="fixed" if threads is not None else plan.source)
         self._eos_ids = self._collect_eos_ids(tokenizer_dir)
         self._lock = threading.Lock()
         self._closed = False
@@ -380,6 +407,38 @@ class EmbeddedLlamaCppClient:
         await asyncio.to_thread(self.unload_adapter)
 
     # -- internals ---------------------------------------------------------------------------------------------------
+
+    def _probe_threads(self) -> ThreadPlan:
+        """Time one-token steps and a 64-token prompt at each candidate count (`learning.threads.measure_plan`)."""
+        engine = self._engine
+        prompt = list(range(1000, 1064))
+
+        def decode_step() -> None:
+            engine.set_threads(count[0], count[0])
+            engine.truncate(len(prompt))
+            engine.eval([prompt[0]])
+
+        def prefill() -> None:
+            engine.set_threads(count[0], count[0])
+            engine.truncate(0)
+            engine.eval(prompt)
+
+        count = [1]
+        counts = candidate_counts(available_cpus())
+        engine.eval(prompt)
+
+        def at(fn: Any) -> Any:  # measure_plan sets torch's count; llama.cpp's follows it
+            import torch
+
+            def run() -> None:
+                count[0] = torch.get_num_threads()
+                fn()
+            return run
+
+        try:
+            return measure_plan(counts, at(decode_step), at(prefill))
+        finally:
+            engine.truncate(0)
 
     def _collect_eos_ids(self, model_dir: Path) -> frozenset[int]:
         from transformers import GenerationConfig

@@ -1,32 +1,39 @@
-"""Benchmark (not a test): embedded SmolLM2 decode speed against the machine's memory bandwidth and llama.cpp.
+"""Benchmark (not a test): the embedded policy's decode engines against the machine's memory bandwidth and llama.cpp.
 
-In one process, one after another (issue 16):
+In one process, one after another (issues 16 and 37), at the machine's natural thread count by default:
 
 (a) memory bandwidth: a numpy copy of a large array (bytes read + bytes written per second; the limits use it), and
     a read-only float32 `sum` for reference (both single-threaded, best of 5);
-(b) the embedded policy (`TransformersPolicyClient`, bf16 by default) in tokens/s, greedy and sampled, on the base
-    weights and with the shipped LoRA adapter agent/adapters/smollm2-sft, for one sequence (`generate`) and for
-    groups of 4 and 8 samples of one prompt (`generate_group`, aggregate tokens/s);
-(c) llama-cpp-python in process (`llama_cpp.Llama`) on the bundled GGUF, greedy and sampled, same thread count;
+(b) every embedded engine of `--engines` (default all): `torch` (transformers bf16, decode threads measured as the
+    product measures them), `torch-compiled` (the compiled decode step, with its compile time), `llamacpp`
+    (`EmbeddedLlamaCppClient` on the bundled Q4_1 GGUF) and `llamacpp-bf16` (the same on the GGUF de-quantized to
+    bf16: the torch engine's exact weights). Tokens/s greedy and sampled, on the base weights and with the shipped
+    LoRA adapter agent/adapters/smollm2-sft (converted to GGUF LoRA for llama.cpp; the swap time is recorded), for
+    one sequence (`generate`) and for groups (`generate_group`, aggregate tokens/s);
+(c) llama-cpp-python's own `Llama` in process on the bundled GGUF, greedy and sampled, at `--threads`: the
+    reference rate the session targets are fractions of;
 (d) every figure as a fraction of its bandwidth limit: bytes per token = the weights read per decode step (parameter
     bytes in the precision in use; the GGUF file size for llama.cpp), limit = bandwidth / bytes per token, times the
-    group size for a group (one weight pass serves every row of a step);
-(e) with `--session`, one full research session at the demo's settings (`make demo`: the default Settings, the
-    shipped SFT adapter, --max-tool-calls 2, short_form) and its sampled tokens per second of session wall time,
-    compared with llama.cpp's sampled rate. It writes one session into the configured data folder, as the demo does.
-(f) with `--compare-kernels`, the same session once per decode-kernel setting, one after the other (with
-    `--session-temperature 0`: greedy, so equal settings must give equal tokens), and whether each run's tokens equal
-    the first's.
+    group size for a batched torch group (one weight pass serves every row of a step; llama.cpp rows run in turn);
+(e) the sampler-trainer gap of each llama.cpp engine (`--mismatch-samples`): continuations sampled with the SFT
+    adapter at temperatures 1.0 and 0.8, re-scored by the torch engine in bf16 (the trainer's arithmetic); mean and
+    max |Δ log p| and the k3 KL estimate per token that `TrainConfig.max_sampler_kl` bounds;
+(f) with `--session`, one full research session per engine at the demo's settings (`make demo`: the default
+    Settings, the shipped SFT adapter, --max-tool-calls 2, short_form) and its sampled tokens per second of session
+    wall time, as a fraction of (c)'s sampled rate (`targets`). It writes sessions into the configured data folder,
+    as the demo does.
+(g) with `--compare-kernels`, the torch session once per decode-kernel setting (with `--session-temperature 0`:
+    greedy, so equal settings must give equal tokens), and whether each run's tokens equal the first's.
 
 Tokens/s count the new tokens each call returned over its whole wall time (a ~40-token prompt's prefill included,
-for both engines). A generation may end before `--tokens` at EOS; the rate counts what was generated.
+for every engine). A generation may end before `--tokens` at EOS; the rate counts what was generated.
 
-On a machine shared with other jobs use `--threads 1`: two torch threads on two busy cores collapse (0.8 tok/s
-measured, against 19.6 with one thread).
+On a machine shared with other jobs the figures collapse for every engine that runs more threads than there are
+idle cores (a thread team waits for its descheduled members at every step: llama.cpp with 2 threads fell to 3.5
+tok/s beside another job on the 2-core machine); measure on an idle machine and say its load (`loadavg_*`).
 
-    .venv/bin/python tests/benchmarks/decode.py [--tokens 64] [--groups 4,8] [--reps 2] [--threads 2]
-        [--dtype bfloat16] [--session] [--merge-adapter] [--out docs/decode/decode.json]
-    .venv/bin/python tests/benchmarks/decode.py --threads 1 --skip-llamacpp --groups 4 --reps 1 \
+    .venv/bin/python tests/benchmarks/decode.py --tokens 128 --groups 4 --reps 2 --session --out docs/decode/engines.json
+    .venv/bin/python tests/benchmarks/decode.py --engines torch --threads 1 --skip-llamacpp --groups 4 --reps 1 \
         --session-temperature 0 --compare-kernels sdpa:onednn,eager:onednn,gqa:native,gqa:native:merge
 """
 
@@ -313,7 +320,7 @@ def compare_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
         os.environ["RUBRICEM_AGENT__EMBEDDED_DECODE_MATMUL"] = matmul
         os.environ["RUBRICEM_AGENT__EMBEDDED_MERGE_ADAPTER"] = "true" if merge == ["merge"] else "false"
         print(f"session with decode kernels {pair} ...", flush=True)
-        s = session(args)
+        s = session(args, "torch")
         s["same_tokens_as_first"] = s["sampled_ids"] == runs[0]["sampled_ids"] if runs else True
         s["speedup_vs_first"] = round(runs[0]["wall_s"] / s["wall_s"], 2) if runs else 1.0
         print(f"  {s['sampled_tokens']} tokens in {s['wall_s']} s (generate {s['generate_s']} s, "
