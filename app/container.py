@@ -6,6 +6,8 @@ deployment never loads torch.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -34,6 +36,8 @@ from store.session_log import SessionLog
 Say = Callable[[str], None]
 Progress = Callable[[int, int], None]
 
+
+log = logging.getLogger(__name__)
 
 class ConfigurationError(AgentError):
     """The settings cannot produce a working setup (the message says what to change)."""
@@ -82,7 +86,9 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
     adapter = base_adapter(settings)
     version = adapter_version(adapter) if adapter is not None else "base"
     if cfg.embedded_engine == "llamacpp":
-        return _llamacpp_policy(settings, model_dir, adapter, version)
+        llama = _llamacpp_policy(settings, model_dir, adapter, version, say)
+        if llama is not None:
+            return llama
     return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=adapter, version=version,
                                     decode_attention=cfg.embedded_decode_attention,
                                     decode_matmul=cfg.embedded_decode_matmul,
@@ -90,27 +96,44 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
                                     threads=cfg.embedded_threads or None, compile=cfg.embedded_compile)
 
 
-def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, version: str) -> PolicyClient:
+def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, version: str,
+                     say: Say) -> PolicyClient | None:
     """The embedded policy with llama.cpp decoding (learning.llamacpp_engine): the tokenizer from `model_dir`, the
-    weights from the bundled GGUF (or `embedded_gguf_path`), adapters converted to GGUF LoRA under the model cache."""
+    weights from its GGUF (`embedded_gguf_path`, else the bundled GGUF when `model_dir` was converted from it),
+    adapters converted to GGUF LoRA next to the model.
+
+    None when llama.cpp cannot serve these weights (no GGUF of them, or llama-cpp-python missing) and the engine is
+    the default rather than chosen: the caller decodes with torch, and `say` tells the user once. When the engine was
+    set explicitly the same cases raise ConfigurationError.
+    """
     cfg = settings.agent
+    chosen = "embedded_engine" in cfg.model_fields_set
+
+    def unavailable(reason: str) -> None:
+        if chosen:
+            raise ConfigurationError(f"RUBRICEM_AGENT__EMBEDDED_ENGINE=llamacpp: {reason}")
+        say(f"Decoding with torch: {reason}.")
+        log.warning("embedded engine llamacpp unavailable (%s); decoding with torch", reason)
+
+    from learning.local_policy import bundled_source
+
     try:
-        from learning.llamacpp_engine import EmbeddedLlamaCppClient
-        from learning.local_policy import bundled_gguf_path
+        import llama_cpp  # noqa: F401 - only whether it is installed
     except ImportError as exc:
-        raise ConfigurationError(
-            f"the llamacpp engine needs llama-cpp-python (the [llamacpp] extra): {exc}. Run `make install`, or set "
-            "RUBRICEM_AGENT__EMBEDDED_ENGINE=torch.") from exc
-    gguf = cfg.embedded_gguf_path
+        unavailable(f"llama-cpp-python is not installed ({exc}); run `make install` (the [llamacpp] extra), or "
+                    "set RUBRICEM_AGENT__EMBEDDED_ENGINE=torch")
+        return None
+    from learning.llamacpp_engine import EmbeddedLlamaCppClient
+
+    gguf = cfg.embedded_gguf_path or bundled_source(model_dir)
     if gguf is None:
-        if cfg.embedded_model_path is not None:
-            raise ConfigurationError(
-                "RUBRICEM_AGENT__EMBEDDED_ENGINE=llamacpp with a custom EMBEDDED_MODEL_PATH needs "
-                "RUBRICEM_AGENT__EMBEDDED_GGUF_PATH: a GGUF of the same weights")
-        gguf = bundled_gguf_path()
+        unavailable(f"{model_dir} is not the bundled SmolLM2; set RUBRICEM_AGENT__EMBEDDED_GGUF_PATH to a GGUF of "
+                    "the same weights")
+        return None
+    # next to the model, so every data folder that uses the same weights shares the conversions (keyed by content)
+    cache = model_dir.parent if os.access(model_dir.parent, os.W_OK) else settings.store.model_cache
     return EmbeddedLlamaCppClient(model_dir, gguf, adapter_path=adapter, version=version,
-                                  lora_cache=settings.store.model_cache / "gguf-lora",
-                                  threads=cfg.embedded_threads or None)
+                                  lora_cache=cache / "gguf-lora", threads=cfg.embedded_threads or None)
 
 
 def base_adapter(settings: Settings) -> Path | None:

@@ -110,6 +110,16 @@ def _is_complete(target: Path, gguf: Path | None) -> bool:
     return all(recorded.get(k) == v for k, v in want.items())
 
 
+def bundled_source(model_dir: Path) -> Path | None:
+    """The bundled GGUF when `model_dir` is `ensure_converted`'s conversion of it (its marker names that file),
+    else None: the GGUF the llamacpp engine can decode with the same weights as this folder."""
+    try:
+        gguf = bundled_gguf_path()
+    except ModelConversionError:
+        return None
+    return gguf if _is_complete(Path(model_dir), gguf) else None
+
+
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     """An exclusive advisory lock: a second process converting the same cache waits here."""

@@ -344,6 +344,8 @@ def main() -> int:
                     help="the torch engine's decode threads (default 0: measured, as the product does)")
     ap.add_argument("--engines", default=",".join(ENGINES),
                     help=f"embedded engines to measure, of {','.join(ENGINES)} (default all)")
+    ap.add_argument("--session-engines", default=None,
+                    help="with --session, the engines to run the session on (default: every one of --engines)")
     ap.add_argument("--mismatch-samples", type=int, default=3,
                     help="sampled continuations per prompt and temperature for the sampler-trainer gap (0: skip)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -407,7 +409,7 @@ def main() -> int:
         result["mismatch"] = [mismatch(args, e) for e in args.engines if e.startswith("llamacpp")]
     if args.session:
         result["sessions"] = []
-        for engine in args.engines:
+        for engine in (args.session_engines.split(",") if args.session_engines else args.engines):
             print(f"one research session at the demo's settings on {engine} ...", flush=True)
             s = session(args, engine)
             result["sessions"].append(s)
