@@ -386,6 +386,8 @@ class EmbeddedLlamaCppClient:
         except Exception as exc:  # noqa: BLE001 - any failure of the conversion is a refused adapter
             raise GGUFConversionError(f"could not convert {path} to a GGUF LoRA: {exc}") from exc
         with self._lock:
+            if self._closed:
+                raise PolicyUnavailable("the embedded policy client is closed")
             self._engine.set_adapter(converted)
             self._adapter_version, self._adapter_path = version, path
             self._invalidate_cache()
@@ -394,7 +396,7 @@ class EmbeddedLlamaCppClient:
     def unload_adapter(self) -> None:
         """Serve the base weights again."""
         with self._lock:
-            if self._adapter_version is None:
+            if self._adapter_version is None or self._closed:
                 return
             self._engine.set_adapter(None)
             self._adapter_version = self._adapter_path = None

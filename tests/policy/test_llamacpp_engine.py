@@ -206,5 +206,7 @@ def test_bad_requests_and_a_closed_client(smollm2_dir: Path, smollm2_gguf: Path,
     _run(client.aclose())
     with pytest.raises(PolicyUnavailable):
         _run(client.generate(PromptContext(text="", token_ids=(1, 2)), stop=[], max_tokens=2, temperature=0))
+    with pytest.raises(PolicyUnavailable):  # never touches the freed llama.cpp context
+        client.load_adapter(SFT_ADAPTER, "sft")
     with pytest.raises(FileNotFoundError):
         EmbeddedLlamaCppClient(smollm2_dir, tmp_path / "missing.gguf", lora_cache=tmp_path)
