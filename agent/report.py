@@ -57,6 +57,7 @@ def build_report(traj: Trajectory) -> Report:
     numbers = {cid: i + 1 for i, cid in enumerate(order)}
     body, unknown, _ = parse.replace_citations(raw, numbers)
     body = _tidy(html.unescape(parse.strip_tags(body)))  # tool output was HTML-escaped for the model
+    body = _bare_ids_cited(body, known, order)
     refs = tuple(known[cid] for cid in order)
     found = bool(body)
     if not found:
@@ -147,6 +148,20 @@ def _ref_line(bullet: str, s: Snippet) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(parse.strip_tags(text).split())
+
+
+def _bare_ids_cited(body: str, known: Mapping[str, Snippet], order: list[str]) -> str:
+    """A snippet id the answer wrote as plain text (a small model's way of pointing at a passage: "the answer is
+    2d400828-0") becomes a citation marker [n] with its reference, so a bare id is never shown as the answer. Only
+    ids a tool returned in this session, as whole tokens; `order` gains the new ones."""
+    for cid in sorted(known, key=len, reverse=True):  # the longer id first where one contains another
+        pattern = re.compile(rf"(?<![\w-]){re.escape(cid)}(?![\w-])")
+        if not pattern.search(body):
+            continue
+        if cid not in order:
+            order.append(cid)
+        body = pattern.sub(f"[{order.index(cid) + 1}]", body)
+    return body
 
 
 def _tidy(text: str) -> str:

@@ -96,3 +96,14 @@ def test_uncited_answers_list_the_sources_consulted_separately() -> None:
     assert r.references == ()
     assert "## Sources consulted (not cited in the text)" in r.markdown and "## References" not in r.markdown
     assert "- **Alpha**" in r.markdown and "- **Beta**" in r.markdown
+
+
+def test_a_bare_snippet_id_becomes_a_reference_never_the_answer() -> None:
+    """SmolLM2 often writes the id it read instead of citing it ("In short, the answer is 2d400828-0"): the report
+    shows a numbered reference in its place, keeps real citations' numbers, and leaves ids no tool returned alone."""
+    r = build_report(traj('<answer>In short, the answer is aaaaaaaa-1 (Beta), see <cite id="aaaaaaaa-0">x</cite>; '
+                          "not bbbbbbbb-0 or aaaaaaaa-10.</answer>", S))
+    assert "aaaaaaaa-1 " not in r.body and "aaaaaaaa-0" not in r.body
+    assert r.body.startswith("In short, the answer is [2] (Beta), see x [1]"), r.body
+    assert [s.id for s in r.references] == ["aaaaaaaa-0", "aaaaaaaa-1"]
+    assert "bbbbbbbb-0" in r.body and "aaaaaaaa-10" in r.body  # unknown ids are text, not references
