@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import importlib.util
 import inspect
 import json
@@ -35,6 +34,7 @@ from learning.threads import (
     ThreadPlan,
     available_cpus,
     cached_plan,
+    file_lock,
     candidate_counts,
     machine_key,
     measure_plan,
@@ -120,17 +120,6 @@ def bundled_source(model_dir: Path) -> Path | None:
     return gguf if _is_complete(Path(model_dir), gguf) else None
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock: a second process converting the same cache waits here."""
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 def _convert(gguf: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -170,7 +159,7 @@ def ensure_converted(cache_dir: Path, gguf: Path | None = None) -> Path:
     if _is_complete(target, Path(gguf) if gguf else None):
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache_dir / f".{MODEL_DIRNAME}.lock"):
+    with file_lock(cache_dir / f".{MODEL_DIRNAME}.lock"):
         src = Path(gguf) if gguf is not None else bundled_gguf_path()
         if _is_complete(target, src):  # another process finished while we waited for the lock
             return target

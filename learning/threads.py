@@ -178,8 +178,8 @@ def measure_plan(
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on `path` (a second process measuring the same machine waits here)."""
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on `path`: a second process converting or measuring the same cache waits here."""
     with open(path, "a+b") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
@@ -228,7 +228,7 @@ def cached_plan(path: Path, key: str, measure: Callable[[], ThreadPlan]) -> Thre
     with contextlib.ExitStack() as stack:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(_locked(path.with_name(f".{path.name}.lock")))
+            stack.enter_context(file_lock(path.with_name(f".{path.name}.lock")))
         except OSError as exc:
             log.info("no lock for %s (%s); measuring without it", path, exc)
         plan = read_plan(path, key)  # another process measured while we waited for the lock
