@@ -26,12 +26,14 @@ gap to the trainer is the 4-bit weights and how much the kernels.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,28 @@ def _adapter_scale_alpha(config: dict[str, Any]) -> float:
     return alpha * math.sqrt(r) if config.get("use_rslora") else alpha  # llama.cpp scales by alpha / r
 
 
+@contextlib.contextmanager
+def _gguf_written(path: Path, arch: str) -> Iterator[Any]:
+    """A `GGUFWriter` for `path`: the block adds keys and tensors, then the file is written to a temporary sibling
+    and renamed into place, so a reader never sees half a file and a failure leaves nothing behind."""
+    import gguf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(tmp, arch)
+        yield writer
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def convert_lora(adapter_dir: Path, base_gguf: Path, out_path: Path) -> Path:
     """Write the PEFT LoRA adapter in `adapter_dir` as a GGUF LoRA for `base_gguf` at `out_path` (atomically).
 
@@ -138,24 +162,12 @@ def convert_lora(adapter_dir: Path, base_gguf: Path, out_path: Path) -> Path:
         elif ".attn_k." in name:
             b = _permute_rows(b, int(base["kv_heads"]))
         out += [(f"{name}.lora_a", np.ascontiguousarray(a)), (f"{name}.lora_b", np.ascontiguousarray(b))]
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", dir=out_path.parent)
-    os.close(fd)
-    try:
-        writer = gguf.GGUFWriter(tmp, "llama")
+    with _gguf_written(out_path, "llama") as writer:
         writer.add_string("general.type", "adapter")
         writer.add_string("adapter.type", "lora")
         writer.add_float32("adapter.lora.alpha", alpha)
         for name, array in out:
             writer.add_tensor(name, array)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out_path
 
 
@@ -196,11 +208,7 @@ def write_dense_gguf(src: Path, dst: Path, dtype: str = "bf16") -> Path:
     want = gguf.GGMLQuantizationType.BF16 if dtype == "bf16" else gguf.GGMLQuantizationType.F16
     reader = gguf.GGUFReader(str(src))
     arch = reader.fields["general.architecture"].contents()
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
-    os.close(fd)
-    try:
-        writer = gguf.GGUFWriter(tmp, arch)
+    with _gguf_written(dst, arch) as writer:
         for key, field in reader.fields.items():
             if key.startswith("GGUF.") or key == "general.architecture":
                 continue
@@ -222,12 +230,4 @@ def write_dense_gguf(src: Path, dst: Path, dtype: str = "bf16") -> Path:
                 writer.add_tensor(t.name, gguf.quants.quantize(dense, want), raw_dtype=want)
             else:
                 writer.add_tensor(t.name, dense.astype(np.float16))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return dst
