@@ -27,6 +27,7 @@ def test_rollouts_from_llamacpp_train_and_the_new_adapter_serves_the_next_step(
         smollm2_dir: Path, smollm2_gguf: Path, tmp_path: Path) -> None:
     from app.settings import Settings
     from app.training import build_trainer
+    from learning.gguf_lora import adapter_digest
     from learning.grpo import train
     from learning.llamacpp_engine import EmbeddedLlamaCppClient
     from learning.train_config import load_config
@@ -68,4 +69,8 @@ def test_rollouts_from_llamacpp_train_and_the_new_adapter_serves_the_next_step(
         assert r["task/skipped"] is None and math.isfinite(r["task/loss"])
     # step 1's rollouts were sampled by llama.cpp with the adapter step 0 published, converted to GGUF LoRA
     assert served == ["lc@0", "lc@0", "lc@1", "lc@1"], served  # lc@0 is the SFT adapter the run starts from
-    assert list((tmp_path / "models" / "gguf-lora").glob("lora-*.gguf"))
+    # the adapter of step 1 (lc@1) is what llama.cpp served last, converted into the cache (next to the model when
+    # that folder is writable, else under the store's model cache; keyed by the adapter's content)
+    served_adapter = parts.policy._adapter_path
+    assert served_adapter is not None and served_adapter.resolve() != SFT_ADAPTER.resolve()
+    assert (parts.policy._lora_cache / f"lora-{adapter_digest(served_adapter, smollm2_gguf)}.gguf").is_file()
