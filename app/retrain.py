@@ -193,6 +193,7 @@ class RetrainApp:
     def parts(self) -> RetrainParts:
         """Everything the cycle needs."""
         cfg = self.settings.learning.retrain
+        from learning.eval.heldout import heldout_index, load_heldout
         from learning.questions import load_questions
 
         seed = load_questions(cfg.seed_questions) if cfg.seed_questions else []
@@ -202,6 +203,7 @@ class RetrainApp:
             gate_judge=_held_out_judge(self.settings, self.log), train=self.train, probe_for=self.probe_for,
             activate=self.activate, adapters_dir=self.settings.store.data_dir / "runs" / "adapters",
             probe_questions=probe_questions(self.settings), seed_questions=seed,
+            heldout=heldout_index(load_heldout()),
             sleep=self._sleep if vllm else None, wake=self._wake if vllm else None)
 
     async def train(self, cycle: Cycle, questions: list[str], live: PolicyVersion) -> Path:

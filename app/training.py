@@ -73,7 +73,11 @@ def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: No
     from learning.local_policy import ensure_converted
     from learning.reflection.writer import write_reflection
 
+    from learning.eval.heldout import heldout_index, load_heldout, refuse_heldout
+
     train_q, _held = question_pool(cfg)  # a bad question or pairs file fails here, before any model is loaded
+    heldout = heldout_index(load_heldout())
+    refuse_heldout(train_q, heldout, "the training question pool")  # the project's held-out split never trains
     pairs = load_pairs_pool(cfg)
     folder = run_dir(settings, cfg)
     folder.mkdir(parents=True, exist_ok=True)
@@ -111,7 +115,7 @@ def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: No
     model_dir = cfg.model_dir or settings.agent.embedded_model_path or ensure_converted(settings.store.model_cache)
     parts = TrainerParts(policy=policy, run_session=run_session, log=log, judge=judge, model_dir=Path(model_dir),
                          questions=train_q, reflect=reflect if cfg.reflection else None, bank=bank,
-                         concurrent_rollouts=settings.agent.policy_backend != "embedded")
+                         concurrent_rollouts=settings.agent.policy_backend != "embedded", heldout=heldout)
     if pairs is not None:
         from learning.deeprubric.pairs import persistent_by_question
 

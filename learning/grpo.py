@@ -26,13 +26,18 @@ within-episode (METHOD §8).
 One step, top to bottom:
   1. Phase A: train on the reflection candidates written during the previous step.
   2. Roll out n trajectories per question (the policy serves the latest adapter).
-  3. Judge each group; skip groups that cannot be scored (counted).
+  3. Judge each group; skip groups that cannot be scored, and groups whose rollouts all get the same advantages
+     (every score equal under the credit mode: no learning signal), each counted. A step left with no group takes
+     no optimizer step and says why in `task/skipped` (every rollout failed, none was scored, or all scored the same).
   4. Launch this step's reflections (they overlap the update below).
   5. Phase B: the SS-GRPO update. An update whose sampler-trainer KL exceeds `max_sampler_kl` (either phase) takes
      no optimizer step (learning/update.py); the step still publishes, logs its row (`task/skipped` or
      `reflection/skipped` with the measured KL and the threshold) and checkpoints, so the step counter and resume are
      those of any other step.
   6. Wait for the reflections, publish the new adapter to the policy (NAME@STEP), log metrics, checkpoint.
+
+Held-out questions (learning/eval/heldout.py) never train: a question pool that holds one is refused before anything
+loads, naming its id.
 
 Checkpoints (accelerate `save_state`: weights, optimizer, RNG) also hold the run's session log (rollouts, judgements,
 rubric buffers, reflection candidates), the run's bank and the step, so a crash resumes at the next step exactly.
@@ -60,6 +65,7 @@ from learning.advantages import credit_lambda, credit_scores, group_advantages, 
 from learning.checkpoint import CheckpointError, latest_checkpoint, prune_checkpoints, save_checkpoint
 from learning.curriculum import StepBatch, step_batch
 from learning.errors import LearningError
+from learning.eval.heldout import refuse_heldout
 from learning.judge.types import Judgement, Rubric, TrajectoryJudge
 from learning.memory import release_freed_memory
 from learning.model import LoraSettings, load_trainable, save_adapter, trainable_parameters
@@ -109,6 +115,7 @@ class TrainerParts:
     # A group's rollouts run at once against a serving engine (vLLM batches them continuously); one after another
     # on the in-process policy, which samples one sequence at a time anyway and keeps the order of its seeds.
     concurrent_rollouts: bool = False
+    heldout: Mapping[str, str] = field(default_factory=dict)  # normalised held-out question -> its id (refused)
 
 
 @dataclass
@@ -192,6 +199,28 @@ def task_sequences(group: Group, lam: torch.Tensor, credit: str) -> tuple[list[T
         seqs.append(TrainSequence(traj.prompt.token_ids, traj.token_ids, mask, stages,
                                   tuple(float(x) for x in tok_adv), sampled, "task"))
     return seqs, adv, bad
+
+
+def step_sequences(groups: Sequence[Group], lam: torch.Tensor, credit: str, counts: dict[str, int]
+                   ) -> tuple[list[TrainSequence], list[TrainSequence]]:
+    """(the sequences to train on, the sequences of groups without signal) of a step's groups.
+
+    A group whose rollouts all get zero advantage (every score equal under the credit mode) carries no learning
+    signal: it is counted in `groups_skipped_same_score` and kept apart. A step with only such groups takes no
+    optimizer step (training on them would only move the weights by the KL term and Adam's momentum); their
+    sequences still serve to measure the sampler-trainer mismatch.
+    """
+    seqs: list[TrainSequence] = []
+    idle: list[TrainSequence] = []
+    for g in groups:
+        s, adv, bad = task_sequences(g, lam, credit)
+        counts["nan_logprob_rollouts"] = counts.get("nan_logprob_rollouts", 0) + bad
+        if bool(adv.ne(0).any()):
+            seqs += s
+        else:
+            counts["groups_skipped_same_score"] = counts.get("groups_skipped_same_score", 0) + 1
+            idle += s
+    return seqs, idle
 
 
 def reflection_sequences(log: SessionLog, batch_ids: Sequence[str]) -> tuple[list[TrainSequence], dict[str, float]]:
@@ -293,6 +322,43 @@ async def _rubric_reward_group(parts: TrainerParts, question: str, sids: list[st
                  [breakdowns[i].as_metrics() for i in kept])
 
 
+def _drop_rows_after(metrics_path: Path, step: int) -> None:
+    """Keep only the metrics rows of steps up to `step`: a run killed between writing a step's row and its checkpoint
+    redoes that step on resume, and must not log it twice."""
+    if not metrics_path.is_file():
+        return
+    lines = metrics_path.read_text(encoding="utf-8").splitlines()
+
+    def keep(line: str) -> bool:
+        try:
+            return int(json.loads(line).get("step", -1)) <= step
+        except (ValueError, AttributeError, TypeError):  # a row torn by the kill itself
+            return False
+
+    kept = [line for line in lines if line.strip() and keep(line)]
+    if len(kept) != len(lines):
+        tmp = metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        tmp.replace(metrics_path)
+
+
+def _why_no_update(counts: Mapping[str, int], rollouts: int) -> str | None:
+    """Why a step had nothing to train on, from its counts (None: no single cause stands out)."""
+    if counts["rollouts_failed"] >= rollouts:
+        return f"every rollout failed ({counts['rollouts_failed']} of {rollouts}); no optimizer step"
+    if counts["groups_skipped_same_score"] and not (counts["groups_skipped_rollouts"] + counts["groups_skipped_judge"]
+                                                    + counts["groups_skipped_scores"]):
+        return (f"every group's rollouts scored the same ({counts['groups_skipped_same_score']} group(s)): no "
+                "learning signal; no optimizer step")
+    if counts["groups_skipped_rollouts"] + counts["groups_skipped_judge"] + counts["groups_skipped_scores"]:
+        same = counts["groups_skipped_same_score"]
+        return ("no group could be scored (skipped: "
+                f"{counts['groups_skipped_rollouts']} too few rollouts, {counts['groups_skipped_judge']} judge "
+                f"failures, {counts['groups_skipped_scores']} too few scores"
+                + (f", {same} all the same" if same else "") + "); no optimizer step")
+    return None
+
+
 def _step_metrics(step: int, groups: Sequence[Group], counts: dict[str, int], task: UpdateStats,
                   refl: UpdateStats | None, refl_info: dict[str, float], seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"step": step, "seconds": round(seconds, 2), "groups": len(groups)} | counts
@@ -332,6 +398,7 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
     if cfg.reward == "deeprubric" and parts.rubric_reward is None:
         raise TrainingError("reward = 'deeprubric' needs the pairs' reward scorer (app.training.build_trainer makes it "
                             "from a pairs.jsonl question file)")
+    refuse_heldout(parts.questions, parts.heldout, "the training question pool")
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / "metrics.jsonl"
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
@@ -350,6 +417,8 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
         _say(progress, f"resumed from checkpoint step {state['step']}")
     elif any((run_dir / "checkpoints").glob("step-*")):
         raise TrainingError(f"{run_dir}/checkpoints holds no usable checkpoint; delete it to start afresh")
+    if accelerator.is_main_process:
+        _drop_rows_after(metrics_path, start - 1)  # rows of steps this run is about to redo
     adapter, version = await publish(parts, accelerator.unwrap_model(model), run_dir, cfg.name, start)
     history: list[dict[str, Any]] = []
     board = _tensorboard(run_dir) if accelerator.is_main_process else None
@@ -360,7 +429,7 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
                         seed=cfg.seed, use_bank=cfg.reflection and parts.bank is not None)
         counts = dict.fromkeys(("rollouts_failed", "rollouts_unscored", "malformed", "stage_fallbacks",
                                 "groups_skipped_rollouts", "groups_skipped_judge", "groups_skipped_scores",
-                                "nan_logprob_rollouts"), 0)
+                                "groups_skipped_same_score", "nan_logprob_rollouts"), 0)
         # Phase A: the reflection candidates written during the previous step (one-step staleness).
         refl_stats, refl_info = None, {}
         if deferred:
@@ -369,15 +438,19 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
                                                  0.7)
         mine = range(accelerator.process_index, len(sb.indices), accelerator.num_processes)
         groups = [g for qi in mine if (g := await collect_group(parts, cfg, sb, qi, counts)) is not None]
-        seqs: list[TrainSequence] = []
-        for g in groups:
-            s, _adv, bad = task_sequences(g, lam, credit)
-            seqs += s
-            counts["nan_logprob_rollouts"] += bad
+        seqs, idle = step_sequences(groups, lam, credit, counts)
+        signal = bool(seqs)
+        if accelerator.num_processes > 1:  # one decision for all processes, or their gradient syncs would hang
+            flag = torch.tensor([float(signal)], device=accelerator.device)
+            signal = bool(accelerator.reduce(flag, reduction="sum").item() > 0)
+        hold = None if signal else (_why_no_update(counts, len(mine) * cfg.rollouts) or "no learning signal")
+        seqs = (seqs or idle) if signal else idle
         reflections = asyncio.create_task(_reflect(parts, cfg, step, groups)) if cfg.reflection else None
         # Phase B: the SS-GRPO update (in a worker thread, so reflection sampling proceeds meanwhile).
         task_stats = await asyncio.to_thread(_update, model, optimizer, seqs, tokenizer, cfg, accelerator,
-                                             cfg.temperature)
+                                             cfg.temperature, hold)
+        if not seqs:
+            task_stats.skipped = _why_no_update(counts, len(mine) * cfg.rollouts) or task_stats.skipped
         deferred = await reflections if reflections is not None else []
         adapter, version = await publish(parts, accelerator.unwrap_model(model), run_dir, cfg.name, step + 1)
         row = _step_metrics(step, groups, counts, task_stats, refl_stats, refl_info, time.perf_counter() - began)
@@ -400,12 +473,12 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
 
 
 def _update(model: Any, optimizer: Any, seqs: list[TrainSequence], tokenizer: Any, cfg: TrainConfig,
-            accelerator: Any, temperature: float) -> UpdateStats:
+            accelerator: Any, temperature: float, hold: str | None = None) -> UpdateStats:
     try:
         return policy_update(model, optimizer, seqs, pad_id=int(tokenizer.pad_token_id), clip=cfg.clip,
                              beta=cfg.beta, token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm,
                              temperature=temperature, backward=accelerator.backward, tis_cap=cfg.tis_cap,
-                             max_sampler_kl=cfg.max_sampler_kl)
+                             max_sampler_kl=cfg.max_sampler_kl, hold=hold)
     finally:
         release_freed_memory()  # the update's multi-GB peak goes back to the OS, not kept by malloc (learning.memory)
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent import telemetry
 from agent.errors import ReplicaError
 from learning.config import RetrainConfig
+from learning.eval.heldout import heldout_ids, normalize_question
 from learning.evaluate import GateReport, Probe, adapter_problem, decide, score_version
 from learning.judge.pipeline import judge_pending
 from learning.judge.types import TrajectoryJudge
@@ -50,6 +51,7 @@ class RetrainParts:
     seed_questions: list[str]
     sleep: Callable[[], Awaitable[None]] | None = None  # one-GPU mode: free the GPU for training
     wake: Callable[[], Awaitable[None]] | None = None
+    heldout: Mapping[str, str] = field(default_factory=dict)  # normalised held-out question -> id: never trained on
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +110,7 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
             "judge_seconds": round(time.monotonic() - began, 1)})
     live = reg.live()
     if cycle.stage == "judged":
-        questions = _questions(parts.log, sessions, parts.seed_questions)
+        questions = training_questions(parts.log, sessions, parts.seed_questions, parts.heldout, say)
         if len(questions) < 2:
             done = reg.finish_cycle(cycle.cycle_id, "skipped", error=f"only {len(questions)} distinct question(s)")
             return CycleResult(done, None, None, done.error or "skipped")
@@ -167,13 +169,23 @@ async def _gate(parts: RetrainParts, cfg: RetrainConfig, candidate: PolicyVersio
     return decide(scores[0], scores[1], cfg.tolerance, parts.gate_judge.model or parts.gate_judge.kind)
 
 
-def _questions(log: SessionLog, sessions: Sequence[str], seed: Sequence[str]) -> list[str]:
+def training_questions(log: SessionLog, sessions: Sequence[str], seed: Sequence[str], heldout: Mapping[str, str],
+                       say: Callable[[str], None] = lambda _m: None) -> list[str]:
+    """The cycle's distinct questions (its sessions', then the seed set's), without held-out ones.
+
+    A user may ask an evaluation question (the demo's is one): the session is answered and kept, but its question
+    never trains, so the held-out evaluation stays held out. The ids left out are said.
+    """
     out: list[str] = []
     for sid in sessions:
         q = log.get(sid).question
         if q not in out:
             out.append(q)
-    return out + [q for q in seed if q not in out]
+    out += [q for q in seed if q not in out]
+    if held := heldout_ids(out, heldout):
+        say(f"left out {len(held)} held-out question(s) from training: {', '.join(held)}")
+        out = [q for q in out if normalize_question(q) not in heldout]
+    return out
 
 
 def _stage_adapter(trained: Path, adapters_dir: Path, cycle_id: str) -> Path:

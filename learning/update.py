@@ -96,6 +96,7 @@ def policy_update(
     backward: Callable[[torch.Tensor], None] | None = None,
     tis_cap: float | None = None,
     max_sampler_kl: float | None = None,
+    hold: str | None = None,
 ) -> UpdateStats:
     """Train once on `seqs` (sequences without trainable tokens are dropped).
 
@@ -113,6 +114,9 @@ def policy_update(
         tis_cap: weight each token's surrogate by min(π_old / π_sampler, tis_cap); None: no correction.
         max_sampler_kl: skip the optimizer step (`stats.skipped` says why) when the mean k3 KL(sampler ‖ trainer) per
             token exceeds it; None: never skip on the mismatch.
+        hold: take no optimizer step, for this reason (e.g. every rollout scored the same): only the trainer's
+            log-probs are computed, without gradients, so the sampler-trainer mismatch is still measured and
+            recorded; a mismatch above `max_sampler_kl` is then the reason given.
     """
     started = time.perf_counter()
     stats = UpdateStats()
@@ -124,6 +128,9 @@ def policy_update(
     batches = [collate(mb, pad_id, device) for mb in micro_batches(seqs, token_budget)]
     total = sum(float(b.mask.sum()) for b in batches)
     was_training = model.training
+    if hold is not None:
+        return _measured_only(model, batches, seqs, int(total), temperature, max_sampler_kl, hold, started,
+                              was_training)
     model.eval()  # dropout off for the fixed pass
     ref: list[torch.Tensor | None] = [None] * len(batches)
     if beta > 0:
@@ -164,8 +171,7 @@ def policy_update(
         stats.skipped = f"non-finite loss ({loss_total}) or gradient norm ({grad_norm})"
     elif max_sampler_kl is not None and kl > max_sampler_kl:  # NaN (no sampler log-probs) compares False
         optimizer.zero_grad(set_to_none=True)  # the tokens are not the trainer's policy's: no step on them
-        stats.skipped = (f"sampler-trainer mismatch: KL(sampler ‖ trainer) {kl:.4g} per token (k3, {kl_tokens} "
-                         f"tokens) above max_sampler_kl {max_sampler_kl:g}")
+        stats.skipped = _mismatch(kl, kl_tokens, max_sampler_kl)
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -173,6 +179,29 @@ def policy_update(
     stats.loss, stats.grad_norm = loss_total, grad_norm
     stats.sequences, stats.trainable_tokens = len(seqs), int(total)
     stats.metrics = {k: round(v, 6) for k, v in sums.items()} | sampler_mismatch(batches, olds)
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+def _mismatch(kl: float, tokens: int, threshold: float) -> str:
+    return (f"sampler-trainer mismatch: KL(sampler ‖ trainer) {kl:.4g} per token (k3, {tokens} tokens) above "
+            f"max_sampler_kl {threshold:g}")
+
+
+def _measured_only(model: torch.nn.Module, batches: Sequence[Batch], seqs: Sequence[TrainSequence], total: int,
+                   temperature: float, max_sampler_kl: float | None, hold: str, started: float,
+                   was_training: bool) -> UpdateStats:
+    """A held step: the trainer's log-probs without gradients, the mismatch measured, no optimizer step."""
+    model.eval()
+    with torch.no_grad():
+        olds = _fixed_logprobs(model, batches, temperature)
+    model.train(was_training)
+    stats = UpdateStats(sequences=len(seqs), trainable_tokens=total, tokens=sum(b.n_tokens for b in batches))
+    kl, kl_tokens = _global_sampler_kl(batches, olds, batches[0].mask.device) if max_sampler_kl is not None else (
+        math.nan, 0)
+    stats.skipped = _mismatch(kl, kl_tokens, max_sampler_kl) if max_sampler_kl is not None and kl > max_sampler_kl \
+        else hold
+    stats.metrics = sampler_mismatch(batches, olds)
     stats.seconds = time.perf_counter() - started
     return stats
 

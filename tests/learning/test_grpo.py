@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from learning.advantages import paper_lambda
-from learning.grpo import Group, reflection_sequences, score_matrix, task_sequences
+from learning.grpo import (
+    Group,
+    _drop_rows_after,
+    _why_no_update,
+    reflection_sequences,
+    score_matrix,
+    step_sequences,
+    task_sequences,
+)
 from learning.judge.types import Judgement, StageResult
 from learning.model import LoraSettings, load_trainable, trainable_parameters
 from learning.sequences import TrainSequence
@@ -125,6 +133,40 @@ def test_task_sequences_map_stage_advantages_to_sampled_tokens_and_refuse_nan_lo
     assert s.advantages[5] == pytest.approx(float(adv[0, 3]))
     _, base, _ = task_sequences(group, paper_lambda(), "answer-only")
     assert torch.allclose(base[:, 0], base[:, 3])  # the baseline gives every stage the Answer advantage
+
+
+def test_a_group_whose_rollouts_all_score_the_same_is_left_out_and_counted() -> None:
+    same = Group("q", ["a", "b"], [_traj("a", -0.5), _traj("b", -0.5)], torch.tensor([[0.5, 0.5, 0.5, 0.5]] * 2))
+    spread = Group("r", ["c", "d"], [_traj("c", -0.5), _traj("d", -0.5)],
+                   torch.tensor([[1.0, 0.5, 0.5, 1.0], [0.0, 0.5, 0.5, 0.0]]))
+    counts: dict[str, int] = {}
+    seqs, idle = step_sequences([same, spread], paper_lambda(), "ss-grpo", counts)
+    assert len(seqs) == 2 and len(idle) == 2 and counts["groups_skipped_same_score"] == 1
+    assert all(a == 0.0 for s in idle for a in s.advantages)  # kept apart: only to measure the sampler mismatch
+    # answer-only looks at the Answer score alone: equal Answer scores carry nothing even where the plan differs
+    plan_only = Group("p", ["e", "f"], [_traj("e", -0.5), _traj("f", -0.5)],
+                      torch.tensor([[1.0, 0.5, 0.5, 0.5], [0.0, 0.5, 0.5, 0.5]]))
+    counts = {}
+    assert step_sequences([plan_only], paper_lambda(), "answer-only", counts)[0] == []
+    assert counts["groups_skipped_same_score"] == 1
+
+
+def test_a_step_with_nothing_to_train_on_says_why() -> None:
+    base = dict.fromkeys(("rollouts_failed", "groups_skipped_rollouts", "groups_skipped_judge",
+                          "groups_skipped_scores", "groups_skipped_same_score"), 0)
+    assert "every rollout failed (4 of 4)" in str(_why_no_update(base | {"rollouts_failed": 4}, 4))
+    assert "scored the same (2 group(s))" in str(_why_no_update(base | {"groups_skipped_same_score": 2}, 8))
+    mixed = _why_no_update(base | {"groups_skipped_judge": 1, "groups_skipped_same_score": 1}, 8)
+    assert mixed is not None and "1 judge failures" in mixed and "1 all the same" in mixed
+    assert _why_no_update(base, 4) is None
+
+
+def test_resuming_drops_the_rows_of_steps_after_the_checkpoint_and_a_torn_row(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "x": 1}\n{"step": 1, "x": 2}\n{"step": 2, "x": 3}\n{"step": 3, "x"')
+    _drop_rows_after(path, 1)
+    assert path.read_text() == '{"step": 0, "x": 1}\n{"step": 1, "x": 2}\n'
+    _drop_rows_after(tmp_path / "absent.jsonl", 0)  # nothing to do
 
 
 def test_reflection_sequences_train_only_the_candidate_tokens_with_group_normalised_rewards(tmp_path: Path) -> None:

@@ -55,8 +55,8 @@ def _with_sampler(model: Any, tok: Any, seqs: list[TrainSequence], shift: float 
     return TrainSequence(s.prompt_ids, s.response_ids, s.mask, s.stages, s.advantages, sampler)
 
 
-def _update(model: Any, tok: Any, shifts: tuple[float | None, ...], max_sampler_kl: float | None
-            ) -> tuple[UpdateStats, bool, int]:
+def _update(model: Any, tok: Any, shifts: tuple[float | None, ...], max_sampler_kl: float | None,
+            hold: str | None = None) -> tuple[UpdateStats, bool, int]:
     """One update on sequences with the given sampler shifts: (stats, whether any LoRA weight moved, the optimizer
     steps a fresh AdamW recorded)."""
     plain = _plain(tok)
@@ -64,7 +64,7 @@ def _update(model: Any, tok: Any, shifts: tuple[float | None, ...], max_sampler_
     opt = torch.optim.AdamW(trainable_parameters(model), lr=1e-2)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     stats = policy_update(model, opt, seqs, pad_id=tok.pad_token_id, beta=0.001, tis_cap=2.0,
-                          max_sampler_kl=max_sampler_kl)
+                          max_sampler_kl=max_sampler_kl, hold=hold)
     moved = any(not torch.equal(before[n], p.detach()) for n, p in model.named_parameters() if p.requires_grad)
     steps = max((int(st["step"]) for st in opt.state.values()), default=0)
     assert all(p.grad is None for p in model.parameters())  # nothing left behind for a later step
@@ -85,6 +85,17 @@ def test_an_update_far_from_the_sampler_is_skipped_with_the_reason_and_leaves_th
     row = stats.as_dict("task")
     assert row["task/skipped"] == stats.skipped and row["task/sampler_kl"] == stats.metrics["sampler_kl"]
     json.dumps(row)  # the metrics.jsonl row
+
+
+def test_a_held_step_measures_the_mismatch_without_a_gradient_and_names_the_mismatch_first(trained: Any) -> None:
+    """A step with nothing to learn (every rollout scored the same) takes no step, but its samples' mismatch is still
+    measured and recorded; a mismatch above the threshold is the reason given."""
+    model, tok = trained
+    stats, moved, steps = _update(model, tok, (0.1, -0.1), max_sampler_kl=0.05, hold="every group scored the same")
+    assert not moved and steps == 0 and stats.skipped == "every group scored the same"
+    assert 0 < stats.metrics["sampler_kl"] < 0.01 and stats.grad_norm == 0.0 and stats.trainable_tokens > 0
+    stats, moved, _ = _update(model, tok, (1.0, 1.0), max_sampler_kl=0.05, hold="every group scored the same")
+    assert not moved and stats.skipped is not None and stats.skipped.startswith("sampler-trainer mismatch")
 
 
 def test_an_update_within_the_threshold_steps(trained: Any) -> None:

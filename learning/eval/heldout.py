@@ -1,0 +1,116 @@
+"""The project's held-out questions, the guard that keeps them out of training, and the per-session figures a small
+model can move (issue 38): gold-passage recall of the searches, citation precision and recall, cover-EM.
+
+The held-out set is `learning/sft/data/heldout` (shipped, so nothing at run time needs ../shared/data):
+- 16 HotpotQA and 16 MuSiQue questions paired with the bundled corpus, drawn before any training
+  (`learning.sft.split`), with their gold supporting passages;
+- 8 2WikiMultihopQA development questions whose answers the bundled corpus holds (no gold passages: they count for
+  cover-EM and the judge only).
+All are asked in the `exact_answer` format (`<answer>\\boxed{...}</answer>`, METHOD's format table).
+
+Decisions (the papers are silent):
+- A passage is gold when its title is one of the item's supporting titles (titles are unique in the bundled corpus
+  for these items; the corpus is a set of Wikipedia paragraphs keyed by title).
+- Citation precision is the share of the report's references that are gold; a report that cites nothing scores 0
+  (it gives the reader no correct source), so dropping citations can never raise it. Citation recall is the share
+  of the gold titles the report cites.
+- Cover-EM is scored on the last `\\boxed{}` when there is one, else on the whole answer body (`boxed` says which),
+  against the gold answer and its aliases.
+- Questions are matched for the guard after Unicode NFKC, case folding and whitespace collapsing, so a copy with
+  other spacing or capitals is still caught.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.report import Report
+from learning.errors import LearningError
+from learning.eval.datasets import EvalItem, bench_spec
+from learning.eval.scoring import extract_prediction, last_boxed, short_form_scores, support_recall
+from store.records import Trajectory
+
+HELDOUT_DIR = Path(__file__).resolve().parents[1] / "sft" / "data" / "heldout"
+SOURCES = ("hotpotqa", "musique", "2wikimultihopqa")
+FIGURES = ("gold_recall", "citation_precision", "citation_recall", "cover_em", "boxed", "cited")
+
+
+class HeldOutQuestionError(LearningError):
+    """A held-out question was about to be trained on."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldoutItem:
+    """One held-out question with what it is scored against."""
+
+    id: str  # "<source>:<the dataset's own id>"
+    source: str
+    question: str
+    answers: tuple[str, ...]  # the gold answer first, then its aliases
+    gold_titles: tuple[str, ...]  # the supporting passages' titles; empty where the dataset has none
+    format: str = "exact_answer"
+
+
+def _item(source: str, e: EvalItem) -> HeldoutItem:
+    return HeldoutItem(f"{source}:{e.id}", source, e.question, tuple(e.answers),
+                       tuple(e.metadata.get("supporting_titles") or ()), e.format)
+
+
+def load_heldout(folder: Path = HELDOUT_DIR, sources: Sequence[str] = SOURCES) -> list[HeldoutItem]:
+    """Every held-out item of `folder`, source by source in `sources` order, each in its file's order.
+
+    Raises:
+        learning.eval.datasets.EvalError: a file is missing or malformed (named in the message).
+    """
+    return [_item(s, e) for s in sources for e in bench_spec(s).loader(Path(folder))]
+
+
+def normalize_question(text: str) -> str:
+    """The form questions are compared in: NFKC, case-folded, whitespace collapsed."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def heldout_index(items: Iterable[HeldoutItem]) -> dict[str, str]:
+    """normalised question -> held-out id."""
+    return {normalize_question(i.question): i.id for i in items}
+
+
+def heldout_ids(questions: Iterable[str], index: Mapping[str, str]) -> list[str]:
+    """The held-out ids among `questions` (in order, once each)."""
+    found = (index.get(normalize_question(q)) for q in questions)
+    return list(dict.fromkeys(i for i in found if i is not None))
+
+
+def refuse_heldout(questions: Iterable[str], index: Mapping[str, str], where: str = "training") -> None:
+    """Raise `HeldOutQuestionError` naming every held-out question among `questions`."""
+    ids = heldout_ids(questions, index)
+    if ids:
+        raise HeldOutQuestionError(
+            f"{len(ids)} held-out question(s) in {where}: {', '.join(ids)}; held-out questions are for evaluation "
+            "only (learning/sft/data/heldout); remove them from the question pool")
+
+
+def session_figures(item: HeldoutItem, trajectory: Trajectory, report: Report) -> dict[str, float | None]:
+    """The held-out figures of one session (None where the item has no gold passages).
+
+    gold_recall: the share of gold passages among everything the session's searches returned.
+    citation_precision / citation_recall / cited: see the module docstring.
+    cover_em, boxed: the answer against the gold answers; whether it wrote a `\\boxed{}`.
+    """
+    body = report.body if report.answer_found else ""
+    cover = short_form_scores(extract_prediction(body), item.answers)["cover_em"] if body else 0.0
+    cited = [s.title for s in report.references]
+    out: dict[str, float | None] = {
+        "cover_em": cover, "boxed": float(last_boxed(body) is not None), "cited": float(bool(cited)),
+        "gold_recall": None, "citation_precision": None, "citation_recall": None,
+    }  # fmt: skip
+    if item.gold_titles:
+        gold = {t.strip().casefold() for t in item.gold_titles}
+        out["gold_recall"] = support_recall(item.gold_titles, [s.title for s in trajectory.snippets.values()])
+        hits = [t for t in cited if t.strip().casefold() in gold]
+        out["citation_precision"] = len(hits) / len(cited) if cited else 0.0
+        out["citation_recall"] = support_recall(item.gold_titles, cited) if cited else 0.0
+    return out

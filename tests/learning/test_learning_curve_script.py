@@ -1,0 +1,138 @@
+"""The learning-curve script (issue 38): its order of work, what counts as done, the refusal to mix protocols, the
+report over hand-made evaluation files, and (slow) a real run killed mid-step that resumes without repeating or losing
+a step.
+
+The full curve takes many hours on 2 cores (docs/learning_curve/); the slow test runs the same code at one step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "benchmarks" / "learning_curve.py"
+
+
+@pytest.fixture(scope="module")
+def lc() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("learning_curve_script", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_plan_starts_with_the_shared_init_point_then_goes_step_by_step_over_seeds_and_arms(lc: ModuleType) -> None:
+    units = lc.plan(lc.CurveOptions())
+    assert len(units) == 1 + 4 * 3 * 2 and units[0].run == "init"
+    assert [(u.step, u.seed, u.arm) for u in units[1:3]] == [(5, 0, "ss-grpo"), (5, 0, "answer-only")]
+    assert [u.step for u in units[1:]] == sorted(u.step for u in units[1:])
+
+
+def test_a_torn_line_is_ignored_and_a_question_counts_only_with_all_its_samples(lc: ModuleType, tmp_path: Path) -> None:
+    from learning.eval.heldout import load_heldout
+
+    items = load_heldout()[:2]
+    path = tmp_path / "step-5.jsonl"
+    rows = [{"item": items[0].id, "sample": 0}, {"item": items[0].id, "sample": 1}, {"item": items[1].id, "sample": 0}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"item": "torn')
+    assert len(lc.read_records(path)) == 3
+    assert not lc.complete(path, items, 2) and lc.complete(path, items[:1], 2)
+
+
+def test_a_state_folder_made_with_other_options_is_refused_naming_the_difference(lc: ModuleType,
+                                                                                  tmp_path: Path) -> None:
+    opts = lc.CurveOptions()
+    lc.check_options(tmp_path, opts)
+    lc.check_options(tmp_path, opts)  # the same options resume
+    with pytest.raises(SystemExit, match="'lr': \\(5e-05, 0.001\\)"):
+        lc.check_options(tmp_path, replace(opts, lr=1e-3))
+
+
+def _records(run: str, arm: str, seed: int | None, step: int, items: list, total: float, precision: float) -> list:
+    return [{"run": run, "arm": arm, "seed": seed, "step": step, "item": i.id, "sample": s,
+             "scores": {"plan": total, "research": total, "review": total, "answer": total, "total": total},
+             "figures": {"gold_recall": 0.5, "citation_precision": precision if i.gold_titles else None,
+                         "citation_recall": 0.5, "cover_em": 0.0, "boxed": 0.0, "cited": 1.0},
+             "answer": f"{run} answers {i.id}"} for i in items for s in range(2)]
+
+
+def test_the_report_pools_complete_seeds_and_tests_the_last_common_step(lc: ModuleType, tmp_path: Path) -> None:
+    from learning.eval.heldout import load_heldout
+
+    items = load_heldout()[:12]
+    opts = replace(lc.CurveOptions(), seeds=(0, 1), steps=10, items=12)
+
+    def write(unit: object, records: list) -> None:
+        path = lc.eval_path(tmp_path, unit)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    write(lc.Unit("init", 0, 0), _records("init", "init", None, 0, items, 0.40, 0.30))
+    for seed in (0, 1):
+        for step, gain in ((5, 0.05), (10, 0.10)):
+            write(lc.Unit("ss-grpo", seed, step), _records(f"ss-grpo-s{seed}", "ss-grpo", seed, step, items,
+                                                           0.40 + gain + 0.001 * seed, 0.30))
+    write(lc.Unit("answer-only", 0, 5), _records("answer-only-s0", "answer-only", 0, 5, items, 0.41, 0.30))
+    report = lc.build_report(opts, tmp_path, items, "cmd")
+    assert report["curves"]["ss-grpo"]["steps"] == [0, 5, 10] and report["curves"]["answer-only"]["steps"] == [0, 5]
+    assert report["curves"]["ss-grpo"]["seeds"][10] == [0, 1]
+    final = report["final"]
+    assert final["step"] == 5  # the last step both arms have
+    d = final["minus_init"]["ss-grpo"]["total"]
+    assert d["mean"] == pytest.approx(0.0505) and d["n"] == 12 and d["p"] < 0.01
+    assert final["ss-grpo_minus_answer-only"]["total"]["mean"] == pytest.approx(0.0405)
+    # the reward rose on every question while citation precision stayed: the verdict says so, with an example
+    assert final["co_movement"]["ss-grpo"]["reward_hacking"] is True
+    assert final["hacking_example"]["ss-grpo"]["after"]["answer"].startswith("ss-grpo-s")
+    assert report["progress"]["units_done"] == 1 + 2 + 1  # init, ss-grpo@5 ×2 seeds, answer-only-s0@5 (no bank yet)
+    md = lc.summary_md(report)
+    assert "| ss-grpo − init |" in md and "reward hacking of the offline judge: **yes**" in md
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_step_resumes_without_repeating_or_losing_a_step(smollm2_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--arms", "ss-grpo", "--steps", "2", "--eval-every", "2",
+           "--items", "1", "--bank-reflections", "0", "--model-dir", str(smollm2_dir), "--runs", str(runs),
+           "--out", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    log = tmp_path / "first.log"
+    with log.open("w") as fh:
+        first = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+    metrics = runs / "train" / "ss-grpo-s0" / "metrics.jsonl"
+    checkpoint = runs / "train" / "ss-grpo-s0" / "checkpoints" / "step-000000"
+    deadline = time.monotonic() + 900
+    # kill it once step 1 is checkpointed, while step 2 is under way
+    while not checkpoint.is_dir() and first.poll() is None:
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(1)
+    assert first.poll() is None, log.read_text()[-3000:]
+    time.sleep(3)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert not (out / "curve.json").is_file() or json.loads((out / "curve.json").read_text())["progress"][
+        "units_done"] < 2
+    second = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from checkpoint step 0" in second.stderr  # not from scratch: step 1's work was kept
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]  # each step logged exactly once
+    report = json.loads((out / "curve.json").read_text())
+    assert report["progress"]["units_done"] == report["progress"]["units_total"] == 2
+    assert report["curves"]["ss-grpo"]["steps"] == [0, 2]
+    samples = (out / "samples" / "ss-grpo-s0" / "step-2.jsonl").read_text().splitlines()
+    assert len(samples) == 1 and json.loads(samples[0])["policy_version"] == "ss-grpo-s0@2"
