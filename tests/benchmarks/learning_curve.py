@@ -24,6 +24,8 @@ OUT/curve.png, OUT/samples/ (every held-out session's scores, figures and answer
 training rows).
 
     .venv/bin/python tests/benchmarks/learning_curve.py --out docs/learning_curve          # the full protocol
+    for k in 0 1; do .venv/bin/python tests/benchmarks/learning_curve.py --out docs/learning_curve --workers 2 \
+        --worker $k & done                                                          # the same, as 2 processes
     .venv/bin/python tests/benchmarks/learning_curve.py --quick --out /tmp/lc --runs /tmp/lc-runs   # a smoke run
     .venv/bin/python tests/benchmarks/learning_curve.py --report-only --out docs/learning_curve     # report only
 """
@@ -97,7 +99,6 @@ class CurveOptions:
     snippets: int = 3
     snippet_chars: int = 300
     engine: str = "llamacpp"
-    threads: int = 2
     dtype: str = "bfloat16"
     bank_reflections: int = 8  # reflections written into each run's bank before the injected evaluation (0: none)
 
@@ -121,6 +122,15 @@ def plan(opts: CurveOptions) -> list[Unit]:
     for k in eval_steps(opts.steps, opts.eval_every)[1:]:
         units += [Unit(arm, seed, k) for seed in opts.seeds for arm in opts.arms]
     return units
+
+
+def worker_of(opts: CurveOptions, unit: Unit, workers: int) -> int:
+    """Which worker does `unit`: the starting policy's evaluation is worker 0's; the runs (seed-major, arms
+    alternating) are dealt round-robin, so a run's units stay in one process, in order."""
+    if unit.arm == INIT:
+        return 0
+    runs = [f"{arm}-s{seed}" for seed in opts.seeds for arm in opts.arms]
+    return runs.index(unit.run) % workers
 
 
 def sampling_seed(item_id: str, sample: int) -> int:
@@ -539,9 +549,13 @@ def write_outputs(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], 
         dst = out / "train" / f"{src.parent.name}.jsonl"
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dst)
-    (out / "curve.json").write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
-    (out / "summary.md").write_text(summary_md(report), encoding="utf-8")
-    plot(report, out / "curve.png")
+    # written aside and renamed: another worker may be reading or writing the same report
+    tag = f".{os.getpid()}.tmp"
+    for name, text in (("curve.json", json.dumps(report, indent=1, default=str)), ("summary.md", summary_md(report))):
+        (out / (name + tag)).write_text(text, encoding="utf-8")
+        (out / (name + tag)).replace(out / name)
+    plot(report, out / ("curve" + tag + ".png"))
+    (out / ("curve" + tag + ".png")).replace(out / "curve.png")
     return report
 
 
@@ -565,6 +579,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[CurveOptions, argpars
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
     p.add_argument("--report-only", action="store_true", help="rewrite the report from the run files; run nothing")
     p.add_argument("--max-units", type=int, default=0, help="stop after this many units of work (0: all)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="split the runs over this many processes (start one per --worker; each has its own data "
+                        "folder); on 2 cores, 2 workers of 1 thread each do more per hour than 1 of 2")
+    p.add_argument("--worker", type=int, default=0, help="which worker this process is, 0 … workers-1")
+    p.add_argument("--threads", type=int, help="threads per process for torch and llama.cpp (default: CPUs / workers)")
     a = p.parse_args(argv)
     opts = CurveOptions()
     if a.quick:
@@ -581,6 +600,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[CurveOptions, argpars
         if getattr(a, name) is not None:
             updates[name] = getattr(a, name)
     opts = replace(opts, **updates)
+    if not 0 <= a.worker < a.workers:
+        p.error("--worker must be in 0 … --workers - 1")
     if opts.steps < 1 or opts.eval_every < 1 or opts.samples < 1 or not opts.seeds:
         p.error("--steps, --eval-every and --samples must be at least 1, with at least one seed")
     return opts, a
@@ -616,13 +637,17 @@ async def main_async(opts: CurveOptions, a: argparse.Namespace) -> dict[str, Any
 
     if a.report_only:
         return write_outputs(opts, runs, items, a.out, command)
-    torch.set_num_threads(opts.threads)
-    settings = offline_settings(runs / "data", a.model_dir, opts.snippets, opts.snippet_chars, SFT_ADAPTER,
-                                opts.engine)
+    threads = a.threads or max(1, (os.cpu_count() or 1) // a.workers)
+    torch.set_num_threads(threads)
+    # each worker its own data folder: embedded Chroma (the index, the runs' banks) is not for several processes
+    settings = offline_settings(runs / ("data" if a.workers == 1 else f"data-w{a.worker}"), a.model_dir,
+                                opts.snippets, opts.snippet_chars, SFT_ADAPTER, opts.engine)
+    settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={"embedded_threads": threads})})
     units = plan(opts)
     worked = 0
+    say(f"worker {a.worker + 1}/{a.workers}, {threads} thread(s)")
     for n, unit in enumerate(units, 1):
-        if unit_done(opts, runs, items, unit):
+        if worker_of(opts, unit, a.workers) != a.worker or unit_done(opts, runs, items, unit):
             continue
         say(f"unit {n}/{len(units)}: {unit.run} step {unit.step}")
         await run_unit(opts, settings, runs, items, unit, say)

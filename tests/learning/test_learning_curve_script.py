@@ -39,6 +39,11 @@ def test_the_plan_starts_with_the_shared_init_point_then_goes_step_by_step_over_
     assert len(units) == 1 + 4 * 3 * 2 and units[0].run == "init"
     assert [(u.step, u.seed, u.arm) for u in units[1:3]] == [(5, 0, "ss-grpo"), (5, 0, "answer-only")]
     assert [u.step for u in units[1:]] == sorted(u.step for u in units[1:])
+    opts = lc.CurveOptions()
+    mine = [[u for u in units if lc.worker_of(opts, u, 2) == k] for k in (0, 1)]
+    assert mine[0][0].run == "init" and {u.arm for u in mine[0][1:]} == {"ss-grpo"}
+    assert {u.arm for u in mine[1]} == {"answer-only"} and len(mine[1]) == 12  # each run stays in one process
+    assert all(lc.worker_of(opts, u, 1) == 0 for u in units)
 
 
 def test_a_torn_line_is_ignored_and_a_question_counts_only_with_all_its_samples(lc: ModuleType, tmp_path: Path) -> None:
