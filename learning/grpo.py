@@ -213,9 +213,9 @@ def step_sequences(groups: Sequence[Group], lam: torch.Tensor, credit: str, coun
     seqs: list[TrainSequence] = []
     idle: list[TrainSequence] = []
     for g in groups:
-        s, adv, bad = task_sequences(g, lam, credit)
+        s, _adv, bad = task_sequences(g, lam, credit)
         counts["nan_logprob_rollouts"] = counts.get("nan_logprob_rollouts", 0) + bad
-        if bool(adv.ne(0).any()):
+        if any(a != 0 for q in s for a in q.advantages):  # the kept rollouts' tokens (NaN ones are already out)
             seqs += s
         else:
             counts["groups_skipped_same_score"] = counts.get("groups_skipped_same_score", 0) + 1
@@ -343,19 +343,19 @@ def _drop_rows_after(metrics_path: Path, step: int) -> None:
 
 
 def _why_no_update(counts: Mapping[str, int], rollouts: int) -> str | None:
-    """Why a step had nothing to train on, from its counts (None: no single cause stands out)."""
-    if counts["rollouts_failed"] >= rollouts:
+    """Why a step had nothing to train on, from its counts (None: this process had no rollouts to account for)."""
+    if rollouts and counts["rollouts_failed"] >= rollouts:
         return f"every rollout failed ({counts['rollouts_failed']} of {rollouts}); no optimizer step"
-    if counts["groups_skipped_same_score"] and not (counts["groups_skipped_rollouts"] + counts["groups_skipped_judge"]
-                                                    + counts["groups_skipped_scores"]):
-        return (f"every group's rollouts scored the same ({counts['groups_skipped_same_score']} group(s)): no "
+    causes = {"groups_skipped_rollouts": "too few rollouts", "groups_skipped_judge": "judge failures",
+              "groups_skipped_scores": "too few scores", "groups_skipped_same_score": "all the same",
+              "nan_logprob_rollouts": "rollout(s) without sampler log-probs"}
+    found = {k: counts.get(k, 0) for k in causes if counts.get(k, 0)}
+    if set(found) == {"groups_skipped_same_score"}:
+        return (f"every group's rollouts scored the same ({found['groups_skipped_same_score']} group(s)): no "
                 "learning signal; no optimizer step")
-    if counts["groups_skipped_rollouts"] + counts["groups_skipped_judge"] + counts["groups_skipped_scores"]:
-        same = counts["groups_skipped_same_score"]
-        return ("no group could be scored (skipped: "
-                f"{counts['groups_skipped_rollouts']} too few rollouts, {counts['groups_skipped_judge']} judge "
-                f"failures, {counts['groups_skipped_scores']} too few scores"
-                + (f", {same} all the same" if same else "") + "); no optimizer step")
+    if found:
+        return ("no group to train on (skipped: " + ", ".join(f"{n} {causes[k]}" for k, n in found.items())
+                + "); no optimizer step")
     return None
 
 
@@ -439,11 +439,15 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
         mine = range(accelerator.process_index, len(sb.indices), accelerator.num_processes)
         groups = [g for qi in mine if (g := await collect_group(parts, cfg, sb, qi, counts)) is not None]
         seqs, idle = step_sequences(groups, lam, credit, counts)
-        signal = bool(seqs)
-        if accelerator.num_processes > 1:  # one decision for all processes, or their gradient syncs would hang
-            flag = torch.tensor([float(signal)], device=accelerator.device)
-            signal = bool(accelerator.reduce(flag, reduction="sum").item() > 0)
-        hold = None if signal else (_why_no_update(counts, len(mine) * cfg.rollouts) or "no learning signal")
+        signal, empty = bool(seqs), not (seqs or idle)
+        if accelerator.num_processes > 1:
+            # One decision for every process, or their collectives would hang: train only if some process has
+            # signal and none has nothing at all (a process with no sequences cannot join the gradient sync).
+            flags = accelerator.reduce(torch.tensor([float(signal), float(empty)], device=accelerator.device),
+                                       reduction="sum")
+            signal = bool(flags[0].item() > 0 and flags[1].item() == 0)
+        why = _why_no_update(counts, len(mine) * cfg.rollouts)
+        hold = None if signal else (why or "another process had nothing to train on; no optimizer step")
         seqs = (seqs or idle) if signal else idle
         reflections = asyncio.create_task(_reflect(parts, cfg, step, groups)) if cfg.reflection else None
         # Phase B: the SS-GRPO update (in a worker thread, so reflection sampling proceeds meanwhile).

@@ -121,10 +121,12 @@ def policy_update(
     started = time.perf_counter()
     stats = UpdateStats()
     seqs = [s for s in seqs if s.n_trainable > 0]
+    device = next(model.parameters()).device
     if not seqs:
+        if max_sampler_kl is not None:  # joins the other processes' mismatch all-reduce (a no-op on one process)
+            _global_sampler_kl([], [], device)
         stats.skipped = "no trainable tokens"
         return stats
-    device = next(model.parameters()).device
     batches = [collate(mb, pad_id, device) for mb in micro_batches(seqs, token_budget)]
     total = sum(float(b.mask.sum()) for b in batches)
     was_training = model.training
@@ -197,8 +199,8 @@ def _measured_only(model: torch.nn.Module, batches: Sequence[Batch], seqs: Seque
         olds = _fixed_logprobs(model, batches, temperature)
     model.train(was_training)
     stats = UpdateStats(sequences=len(seqs), trainable_tokens=total, tokens=sum(b.n_tokens for b in batches))
-    kl, kl_tokens = _global_sampler_kl(batches, olds, batches[0].mask.device) if max_sampler_kl is not None else (
-        math.nan, 0)
+    kl, kl_tokens = (_global_sampler_kl(batches, olds, next(model.parameters()).device)
+                     if max_sampler_kl is not None else (math.nan, 0))
     stats.skipped = _mismatch(kl, kl_tokens, max_sampler_kl) if max_sampler_kl is not None and kl > max_sampler_kl \
         else hold
     stats.metrics = sampler_mismatch(batches, olds)

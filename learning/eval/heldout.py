@@ -68,9 +68,15 @@ def load_heldout(folder: Path = HELDOUT_DIR, sources: Sequence[str] = SOURCES) -
     return [_item(s, e) for s in sources for e in bench_spec(s).loader(Path(folder))]
 
 
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u00b4": "'", "`": "'"})
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))
+
+
 def normalize_question(text: str) -> str:
-    """The form questions are compared in: NFKC, case-folded, whitespace collapsed."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    """The form questions are compared in: NFKC, invisible characters dropped, quotes straightened, case-folded,
+    whitespace collapsed, trailing punctuation dropped (so "…Faversham?" and "…faversham" match)."""
+    text = unicodedata.normalize("NFKC", text).translate(_INVISIBLE).translate(_QUOTES).casefold()
+    return " ".join(text.split()).rstrip(" ?!.;:")
 
 
 def heldout_index(items: Iterable[HeldoutItem]) -> dict[str, str]:
@@ -96,7 +102,7 @@ def refuse_heldout(questions: Iterable[str], index: Mapping[str, str], where: st
 def session_figures(item: HeldoutItem, trajectory: Trajectory, report: Report) -> dict[str, float | None]:
     """The held-out figures of one session (None where the item has no gold passages).
 
-    gold_recall: the share of gold passages among everything the session's searches returned.
+    gold_recall: the share of the gold passages that the session's searches returned (recall, not precision).
     citation_precision / citation_recall / cited: see the module docstring.
     cover_em, boxed: the answer against the gold answers; whether it wrote a `\\boxed{}`.
     """

@@ -41,6 +41,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 import zlib
@@ -73,6 +74,8 @@ from learning.train_config import TrainConfig, load_config  # noqa: E402
 from store.records import STAGES  # noqa: E402
 from store.session_log import SessionLog  # noqa: E402
 
+COMMIT = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
+                        check=False).stdout.strip() or None
 SFT_ADAPTER = ROOT / "agent" / "adapters" / "smollm2-sft"
 TRAIN_SPLIT = ROOT / "learning" / "sft" / "data" / "train"
 ARMS = ("ss-grpo", "answer-only")
@@ -138,17 +141,50 @@ def sampling_seed(item_id: str, sample: int) -> int:
     return zlib.crc32(f"{item_id}#{sample}".encode()) % (2**31 - 1)
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of an evaluation file (a line torn by a kill is ignored; its question is redone)."""
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file; a line torn by a kill (or still being written by the other worker) is
+    skipped."""
     if not path.is_file():
         return []
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            out.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(row, dict):
+            out.append(row)
     return out
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of an evaluation file, one per (item, sample): a torn line is ignored (its question is redone)
+    and a record written twice counts once."""
+    seen: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for r in json_lines(path):
+        seen.setdefault((r.get("item"), r.get("sample")), r)
+    return list(seen.values())
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write aside, then rename: a reader (the other worker) sees the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def append_records(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
+    """Append one question's records in one write, after cutting a torn last line (a kill mid-write) so the first
+    new record does not merge into it."""
+    if path.is_file():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with path.open("r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+    with path.open("a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def complete(path: Path, items: Sequence[HeldoutItem], samples: int) -> bool:
@@ -168,7 +204,7 @@ def train_questions(runs: Path) -> Path:
     path = runs / "train_questions.jsonl"
     if not path.is_file():
         qs = [e.question for name in ("hotpotqa", "musique") for e in bench_spec(name).loader(TRAIN_SPLIT)]
-        path.write_text("".join(json.dumps({"question": q}) + "\n" for q in dict.fromkeys(qs)), encoding="utf-8")
+        write_atomic(path, "".join(json.dumps({"question": q}) + "\n" for q in dict.fromkeys(qs)))
     return path
 
 
@@ -210,10 +246,7 @@ class HeldoutEvaluator:
         for n, item in enumerate(todo, 1):
             began = time.perf_counter()
             records = await self._question(cfg, item, samples, meta)
-            with self.path.open("a", encoding="utf-8") as f:  # one question's samples in one write
-                f.write("".join(json.dumps(r) + "\n" for r in records))
-                f.flush()
-                os.fsync(f.fileno())
+            append_records(self.path, records)
             total = statistics.fmean(r["scores"].get("total") or 0.0 for r in records)
             say(f"  {meta['run']}@{meta['step']}{' +bank' if self.inject else ''}: {n}/{len(todo)} {item.id} "
                 f"total {total:.3f} ({time.perf_counter() - began:.0f}s)")
@@ -283,7 +316,8 @@ async def fill_bank(settings: Settings, parts: Any, cfg: TrainConfig, n: int, ru
         except Exception as exc:  # noqa: BLE001 - one failed reflection does not stop the rest
             outcomes.append(f"failed: {type(exc).__name__}: {exc}")
     items = parts.bank.count() if hasattr(parts.bank, "count") else None
-    marker.write_text(json.dumps({"reflections": len(outcomes), "outcomes": outcomes, "bank_items": items}, indent=1))
+    write_atomic(marker, json.dumps({"reflections": len(outcomes), "outcomes": outcomes, "bank_items": items},
+                                    indent=1))
     say(f"  {cfg.name}: {len(outcomes)} reflection(s) written, bank holds {items}")
 
 
@@ -348,10 +382,11 @@ async def run_unit(opts: CurveOptions, settings: Settings, runs: Path, items: Se
 def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], command: str) -> dict[str, Any]:
     """Every number of the curve so far (pure given the files)."""
     steps = eval_steps(opts.steps, opts.eval_every)
-    init = [r for r in read_records(eval_path(runs, Unit(INIT, 0, 0)))]
+    init_path = eval_path(runs, Unit(INIT, 0, 0))
+    init = read_records(init_path) if complete(init_path, items, opts.samples) else []
     evals: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for arm in opts.arms:
-        evals[arm] = {0: init}
+        evals[arm] = {0: init} if init else {}
         for k in steps[1:]:
             pooled = [r for seed in opts.seeds for r in read_records(eval_path(runs, Unit(arm, seed, k)))
                       if complete(eval_path(runs, Unit(arm, seed, k)), items, opts.samples)]
@@ -366,7 +401,7 @@ def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], c
                                    for m in curve.METRICS}
                 for arm in opts.arms for seed in opts.seeds}
     common = [k for k in steps[1:] if all(k in evals[a] for a in opts.arms)]
-    last = max(common) if common else None
+    last = max(common) if common and init else None
     finals: dict[str, Any] = {}
     if last is not None:
         finals = {
@@ -377,16 +412,19 @@ def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], c
             "co_movement": {arm: curve.co_movement(init, evals[arm][last]) for arm in opts.arms},
             "hacking_example": {arm: curve.hacking_example(init, evals[arm][last]) for arm in opts.arms},
         }
-        if len(opts.arms) == 2:
+        if len(opts.arms) == 2:  # over the seeds both arms have at that step, so the comparison is like for like
             a, b = opts.arms
-            finals[f"{a}_minus_{b}"] = {m: curve.paired(evals[b][last], evals[a][last], m) for m in curve.METRICS}
+            both = set(curves[a]["seeds"][last]) & set(curves[b]["seeds"][last])
+            pick = {arm: [r for r in evals[arm][last] if r["seed"] in both] for arm in (a, b)}
+            finals[f"{a}_minus_{b}"] = {m: curve.paired(pick[b], pick[a], m) for m in curve.METRICS}
+            finals["seeds_compared"] = sorted(both)
     bank: dict[str, Any] = {}
     for arm in opts.arms:
         with_bank = [r for seed in opts.seeds for r in read_records(eval_path(runs, Unit(arm, seed, opts.steps), True))
                      if complete(eval_path(runs, Unit(arm, seed, opts.steps), True), items, opts.samples)]
         without = evals[arm].get(opts.steps)
-        fills = {f"{arm}-s{seed}": json.loads(p.read_text()) for seed in opts.seeds
-                 if (p := runs / "train" / f"{arm}-s{seed}" / "bank-filled.json").is_file()}
+        fills = {f"{arm}-s{seed}": got for seed in opts.seeds
+                 if (got := read_json(runs / "train" / f"{arm}-s{seed}" / "bank-filled.json")) is not None}
         if fills:
             bank[f"{arm}_fills"] = fills
         if with_bank and without:
@@ -396,9 +434,9 @@ def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], c
     train_rows = {}
     for arm in opts.arms:
         for seed in opts.seeds:
-            path = runs / "train" / f"{arm}-s{seed}" / "metrics.jsonl"
-            if path.is_file():
-                train_rows[f"{arm}-s{seed}"] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            rows = json_lines(runs / "train" / f"{arm}-s{seed}" / "metrics.jsonl")
+            if rows:
+                train_rows[f"{arm}-s{seed}"] = rows
     units = plan(opts)
     done = sum(1 for u in units if unit_done(opts, runs, items, u))
     return {
@@ -406,6 +444,7 @@ def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], c
                 "offline judge; held-out figures a small model can move (learning/eval/heldout.py)",
         "command": command, "options": asdict(opts),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "commit": COMMIT,  # the code that wrote this report; the agent, judge and figures must not change mid-run
         "progress": {"units_done": done, "units_total": len(units),
                      "train_steps_done": {k: len(v) for k, v in train_rows.items()}},
         "heldout": {"questions": len(items), "with_gold_passages": sum(1 for i in items if i.gold_titles),
@@ -421,8 +460,16 @@ def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], c
 def bank_empty(run_dir: Path) -> bool:
     """Whether the run's reflections left its bank empty: injection would then add nothing, and the sessions would
     repeat the evaluation without it, so that evaluation is not run (the report says so)."""
-    marker = run_dir / "bank-filled.json"
-    return marker.is_file() and json.loads(marker.read_text(encoding="utf-8")).get("bank_items") == 0
+    return (read_json(run_dir / "bank-filled.json") or {}).get("bank_items") == 0
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file, or None when it is absent or unreadable."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def unit_done(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], unit: Unit) -> bool:
@@ -538,9 +585,18 @@ def summary_md(report: Mapping[str, Any]) -> str:
 
 
 def write_outputs(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], out: Path, command: str) -> dict:
-    """curve.json, curve.png, samples/ and train/ under `out` (rewritten from the run files)."""
-    report = build_report(opts, runs, items, command)
+    """curve.json, curve.png, samples/ and train/ under `out` (rewritten from the run files), under a lock, so two
+    workers never interleave their copies or rename an older report over a newer one."""
+    import fcntl
+
     out.mkdir(parents=True, exist_ok=True)
+    with (out / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _write_outputs(opts, runs, items, out, command)
+
+
+def _write_outputs(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], out: Path, command: str) -> dict:
+    report = build_report(opts, runs, items, command)
     for src in sorted((runs / "eval").glob("*/*.jsonl")):
         dst = out / "samples" / src.parent.name / src.name
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -549,13 +605,11 @@ def write_outputs(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], 
         dst = out / "train" / f"{src.parent.name}.jsonl"
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dst)
-    # written aside and renamed: another worker may be reading or writing the same report
-    tag = f".{os.getpid()}.tmp"
-    for name, text in (("curve.json", json.dumps(report, indent=1, default=str)), ("summary.md", summary_md(report))):
-        (out / (name + tag)).write_text(text, encoding="utf-8")
-        (out / (name + tag)).replace(out / name)
-    plot(report, out / ("curve" + tag + ".png"))
-    (out / ("curve" + tag + ".png")).replace(out / "curve.png")
+    write_atomic(out / "curve.json", json.dumps(report, indent=1, default=str))
+    write_atomic(out / "summary.md", summary_md(report))
+    tmp = out / f".curve.{os.getpid()}.tmp.png"
+    plot(report, tmp)
+    tmp.replace(out / "curve.png")
     return report
 
 
@@ -612,14 +666,16 @@ def check_options(runs: Path, opts: CurveOptions) -> None:
     path = runs / "options.json"
     mine = json.loads(json.dumps(asdict(opts)))
     if path.is_file():
-        old = json.loads(path.read_text(encoding="utf-8"))
+        old = read_json(path)
+        if old is None:
+            raise SystemExit(f"{path} is unreadable; remove it only if {runs} holds no run of value")
         if old != mine:
             diff = {k: (old.get(k), mine.get(k)) for k in mine if old.get(k) != mine.get(k)}
             raise SystemExit(f"{runs} holds a curve run with other options {diff}; use another --runs folder or the "
                              "same options")
         return
     runs.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(mine, indent=1), encoding="utf-8")
+    write_atomic(path, json.dumps(mine, indent=1))
 
 
 async def main_async(opts: CurveOptions, a: argparse.Namespace) -> dict[str, Any]:
@@ -656,7 +712,8 @@ async def main_async(opts: CurveOptions, a: argparse.Namespace) -> dict[str, Any
         if a.max_units and worked >= a.max_units:
             say(f"stopping after {worked} unit(s) (--max-units)")
             break
-    report = write_outputs(opts, runs, items, a.out, command)
+    report = write_outputs(opts, runs, items, a.out, command) if not worked else build_report(opts, runs, items,
+                                                                                             command)
     say(f"wrote {a.out}/curve.json and curve.png ({report['progress']['units_done']}/{len(units)} units done)")
     return report
 

@@ -159,6 +159,8 @@ def test_a_step_with_nothing_to_train_on_says_why() -> None:
     mixed = _why_no_update(base | {"groups_skipped_judge": 1, "groups_skipped_same_score": 1}, 8)
     assert mixed is not None and "1 judge failures" in mixed and "1 all the same" in mixed
     assert _why_no_update(base, 4) is None
+    assert "2 rollout(s) without sampler log-probs" in str(_why_no_update(base | {"nan_logprob_rollouts": 2}, 4))
+    assert _why_no_update(base, 0) is None  # a process without questions this step has nothing to explain
 
 
 def test_resuming_drops_the_rows_of_steps_after_the_checkpoint_and_a_torn_row(tmp_path: Path) -> None:

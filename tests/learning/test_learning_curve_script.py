@@ -46,6 +46,16 @@ def test_the_plan_starts_with_the_shared_init_point_then_goes_step_by_step_over_
     assert all(lc.worker_of(opts, u, 1) == 0 for u in units)
 
 
+def test_an_append_after_a_torn_line_keeps_every_new_record_and_duplicates_count_once(lc: ModuleType,
+                                                                                    tmp_path: Path) -> None:
+    path = tmp_path / "step-5.jsonl"
+    path.write_text('{"item": "a", "sample": 0}\n{"item": "b", "sam')
+    lc.append_records(path, [{"item": "b", "sample": 0}, {"item": "b", "sample": 1}])
+    lc.append_records(path, [{"item": "a", "sample": 0, "again": True}])
+    assert [(r["item"], r["sample"]) for r in lc.read_records(path)] == [("a", 0), ("b", 0), ("b", 1)]
+    assert "again" not in lc.read_records(path)[0]  # the first record of a sample wins
+
+
 def test_a_torn_line_is_ignored_and_a_question_counts_only_with_all_its_samples(lc: ModuleType, tmp_path: Path) -> None:
     from learning.eval.heldout import load_heldout
 
@@ -98,7 +108,8 @@ def test_the_report_pools_complete_seeds_and_tests_the_last_common_step(lc: Modu
     assert final["step"] == 5  # the last step both arms have
     d = final["minus_init"]["ss-grpo"]["total"]
     assert d["mean"] == pytest.approx(0.0505) and d["n"] == 12 and d["p"] < 0.01
-    assert final["ss-grpo_minus_answer-only"]["total"]["mean"] == pytest.approx(0.0405)
+    # arm against arm only over the seeds both have at that step (answer-only has seed 0 alone): 0.45 − 0.41
+    assert final["seeds_compared"] == [0] and final["ss-grpo_minus_answer-only"]["total"]["mean"] == pytest.approx(0.04)
     # the reward rose on every question while citation precision stayed: the verdict says so, with an example
     assert final["co_movement"]["ss-grpo"]["reward_hacking"] is True
     assert final["hacking_example"]["ss-grpo"]["after"]["answer"].startswith("ss-grpo-s")
@@ -126,8 +137,7 @@ def test_a_run_killed_mid_step_resumes_without_repeating_or_losing_a_step(smollm
         assert time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(1)
     assert first.poll() is None, log.read_text()[-3000:]
-    time.sleep(3)
-    os.killpg(first.pid, signal.SIGKILL)
+    os.killpg(first.pid, signal.SIGKILL)  # at once: step 2 (two rollouts and an update) is seconds away at best
     first.wait()
     assert not (out / "curve.json").is_file() or json.loads((out / "curve.json").read_text())["progress"][
         "units_done"] < 2

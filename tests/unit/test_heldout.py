@@ -49,6 +49,7 @@ def test_a_heldout_question_in_a_training_pool_is_refused_with_its_id_even_respa
     with pytest.raises(HeldOutQuestionError, match=items[3].id):
         refuse_heldout(["an ordinary question?", "  " + q.upper().replace(" ", "   ") + " "], index, "step 1")
     assert normalize_question(" A\u00a0b  C ") == "a b c"
+    assert normalize_question("Who\u200b was O\u2019Brien?") == normalize_question("who was o'brien") == "who was o'brien"
 
 
 def test_build_trainer_refuses_a_pool_holding_a_heldout_question_before_loading_anything(tmp_path: Path) -> None:
@@ -111,3 +112,17 @@ def test_an_uncited_wrong_answer_scores_zero_precision_and_a_no_gold_item_has_no
     no_gold = HeldoutItem("2wikimultihopqa:3", "2wikimultihopqa", "q?", ("a demon",), ())
     g = session_figures(no_gold, traj, report)
     assert g["gold_recall"] is None and g["citation_precision"] is None and g["cover_em"] == 1.0
+
+
+def test_every_heldout_and_training_split_file_ships_in_the_package() -> None:
+    """`load_heldout` runs in every training and retrain cycle, so its files must be in an installed package (the
+    Docker images `pip install .`), not only in a checkout."""
+    import fnmatch
+    import tomllib
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["learning"]
+    data = ROOT / "learning" / "sft" / "data"
+    files = [p.relative_to(ROOT / "learning").as_posix() for p in data.rglob("*") if p.is_file()]
+    assert any(f.endswith(".jsonl") for f in files)
+    missing = [f for f in files if not any(fnmatch.fnmatch(f, g) for g in globs)]
+    assert not missing, f"not in [tool.setuptools.package-data] learning: {missing}"
