@@ -142,12 +142,13 @@ def test_a_run_killed_mid_step_resumes_without_repeating_or_losing_a_step(smollm
     assert not (out / "curve.json").is_file() or json.loads((out / "curve.json").read_text())["progress"][
         "units_done"] < 2
     second = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from checkpoint step 0" in second.stderr  # not from scratch: step 1's work was kept
+    said = f"first run:\n{log.read_text()[-2500:]}\nsecond run:\n{second.stderr[-2500:]}"
+    assert second.returncode == 0, said
+    assert "resumed from checkpoint step 0" in second.stderr, said  # not from scratch: step 1's work was kept
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1]  # each step logged exactly once
+    assert [r["step"] for r in rows] == [0, 1], (rows, said)  # each step logged exactly once
     report = json.loads((out / "curve.json").read_text())
-    assert report["progress"]["units_done"] == report["progress"]["units_total"] == 2
-    assert report["curves"]["ss-grpo"]["steps"] == [0, 2]
+    assert report["progress"]["units_done"] == report["progress"]["units_total"] == 2, (report["progress"], said)
+    assert report["curves"]["ss-grpo"]["steps"] == [0, 2], (report["curves"]["ss-grpo"]["steps"], said)
     samples = (out / "samples" / "ss-grpo-s0" / "step-2.jsonl").read_text().splitlines()
-    assert len(samples) == 1 and json.loads(samples[0])["policy_version"] == "ss-grpo-s0@2"
+    assert len(samples) == 1 and json.loads(samples[0])["policy_version"] == "ss-grpo-s0@2", (samples, said)
