@@ -6,7 +6,6 @@ same code path at one step so the script cannot rot unnoticed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -17,18 +16,15 @@ from types import ModuleType
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "benchmarks" / "learning_check.py"
 
 
 @pytest.fixture(scope="module")
 def lc() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("learning_check_script", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script is being executed
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def sample(lc: ModuleType, question: int, sample_no: int, total: float) -> object:

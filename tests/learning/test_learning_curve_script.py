@@ -7,7 +7,6 @@ The full curve takes many hours on 2 cores (docs/learning_curve/); the slow test
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -20,18 +19,15 @@ from types import ModuleType
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "benchmarks" / "learning_curve.py"
 
 
 @pytest.fixture(scope="module")
 def lc() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("learning_curve_script", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_the_plan_starts_with_the_shared_init_point_then_goes_step_by_step_over_seeds_and_arms(lc: ModuleType) -> None:
