@@ -454,7 +454,7 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
         task_stats = await asyncio.to_thread(_update, model, optimizer, seqs, tokenizer, cfg, accelerator,
                                              cfg.temperature, hold)
         if not seqs:
-            task_stats.skipped = _why_no_update(counts, len(mine) * cfg.rollouts) or task_stats.skipped
+            task_stats.skipped = why or task_stats.skipped
         deferred = await reflections if reflections is not None else []
         adapter, version = await publish(parts, accelerator.unwrap_model(model), run_dir, cfg.name, step + 1)
         row = _step_metrics(step, groups, counts, task_stats, refl_stats, refl_info, time.perf_counter() - began)

@@ -187,10 +187,20 @@ def append_records(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
         os.fsync(f.fileno())
 
 
+def _has_all(records: Sequence[Mapping[str, Any]], items: Sequence[HeldoutItem], samples: int) -> bool:
+    have = {(r["item"], r["sample"]) for r in records}
+    return all((i.id, s) in have for i in items for s in range(samples))
+
+
 def complete(path: Path, items: Sequence[HeldoutItem], samples: int) -> bool:
     """Whether the evaluation file has every sample of every item."""
-    have = {(r["item"], r["sample"]) for r in read_records(path)}
-    return all((i.id, s) in have for i in items for s in range(samples))
+    return _has_all(read_records(path), items, samples)
+
+
+def finished_records(path: Path, items: Sequence[HeldoutItem], samples: int) -> list[dict[str, Any]]:
+    """The evaluation file's records when it has every sample of every item, else [] (a point in progress)."""
+    records = read_records(path)
+    return records if _has_all(records, items, samples) else []
 
 
 def trained_steps(run_dir: Path) -> int:
@@ -382,22 +392,24 @@ async def run_unit(opts: CurveOptions, settings: Settings, runs: Path, items: Se
 def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], command: str) -> dict[str, Any]:
     """Every number of the curve so far (pure given the files)."""
     steps = eval_steps(opts.steps, opts.eval_every)
-    init_path = eval_path(runs, Unit(INIT, 0, 0))
-    init = read_records(init_path) if complete(init_path, items, opts.samples) else []
+
+    def point(unit: Unit, bank: bool = False) -> list[dict[str, Any]]:
+        return finished_records(eval_path(runs, unit, bank), items, opts.samples)
+
+    init = point(Unit(INIT, 0, 0))
+    points = {(arm, seed, k): point(Unit(arm, seed, k)) for arm in opts.arms for seed in opts.seeds for k in steps[1:]}
     evals: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for arm in opts.arms:
         evals[arm] = {0: init} if init else {}
         for k in steps[1:]:
-            pooled = [r for seed in opts.seeds for r in read_records(eval_path(runs, Unit(arm, seed, k)))
-                      if complete(eval_path(runs, Unit(arm, seed, k)), items, opts.samples)]
+            pooled = [r for seed in opts.seeds for r in points[(arm, seed, k)]]
             if pooled:
                 evals[arm][k] = pooled
     curves = {arm: {"steps": sorted(pts), "seeds": {k: sorted({r["seed"] for r in pts[k]} - {None}) for k in pts},
                     "metrics": {m: [curve.mean_ci(pts[k], m) for k in sorted(pts)] for m in curve.METRICS}}
               for arm, pts in evals.items()}
-    per_seed = {f"{arm}-s{seed}": {m: {k: curve.mean_ci(read_records(eval_path(runs, Unit(arm, seed, k))), m)["mean"]
-                                       for k in steps[1:] if complete(eval_path(runs, Unit(arm, seed, k)), items,
-                                                                      opts.samples)}
+    per_seed = {f"{arm}-s{seed}": {m: {k: curve.mean_ci(points[(arm, seed, k)], m)["mean"]
+                                       for k in steps[1:] if points[(arm, seed, k)]}
                                    for m in curve.METRICS}
                 for arm in opts.arms for seed in opts.seeds}
     common = [k for k in steps[1:] if all(k in evals[a] for a in opts.arms)]
@@ -420,8 +432,7 @@ def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], c
             finals["seeds_compared"] = sorted(both)
     bank: dict[str, Any] = {}
     for arm in opts.arms:
-        with_bank = [r for seed in opts.seeds for r in read_records(eval_path(runs, Unit(arm, seed, opts.steps), True))
-                     if complete(eval_path(runs, Unit(arm, seed, opts.steps), True), items, opts.samples)]
+        with_bank = [r for seed in opts.seeds for r in point(Unit(arm, seed, opts.steps), bank=True)]
         without = evals[arm].get(opts.steps)
         fills = {f"{arm}-s{seed}": got for seed in opts.seeds
                  if (got := read_json(runs / "train" / f"{arm}-s{seed}" / "bank-filled.json")) is not None}
@@ -670,7 +681,7 @@ def check_options(runs: Path, opts: CurveOptions) -> None:
         if old is None:
             raise SystemExit(f"{path} is unreadable; remove it only if {runs} holds no run of value")
         if old != mine:
-            diff = {k: (old.get(k), mine.get(k)) for k in mine if old.get(k) != mine.get(k)}
+            diff = {k: (old.get(k), mine.get(k)) for k in {**old, **mine} if old.get(k) != mine.get(k)}
             raise SystemExit(f"{runs} holds a curve run with other options {diff}; use another --runs folder or the "
                              "same options")
         return
