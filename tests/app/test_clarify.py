@@ -164,7 +164,7 @@ def test_the_decision_parser() -> None:
 
 
 def test_an_expired_question_cannot_be_answered_from_any_path(tmp_path: Path) -> None:
-    from app.cli_resume import _precheck
+    from app.cli.resume import _precheck
     from app.settings import Settings
 
     svc = service(tmp_path, expiry_s=1e-6)
@@ -192,7 +192,7 @@ def test_an_expired_question_cannot_be_answered_from_any_path(tmp_path: Path) ->
 
 
 def test_a_plan_pause_expires_on_the_cli_path_before_the_model_loads(tmp_path: Path) -> None:
-    from app.cli_resume import _precheck
+    from app.cli.resume import _precheck
     from app.settings import Settings
 
     svc = service(tmp_path, clarify=False, expiry_s=1e-6)
@@ -279,7 +279,8 @@ def test_a_second_concurrent_resume_is_refused(tmp_path: Path) -> None:
 def test_the_terminal_round_trip(tmp_path: Path) -> None:
     """`rubricem ask` in the terminal (app/cli_resume.drive): the question is shown, a bad answer is refused, the
     answer goes on to the report; `--answer` and `--clarify/--no-clarify` parse."""
-    from app import cli, cli_resume
+    from app import cli
+    from app.cli import resume as cli_resume
 
     svc = service(tmp_path)
     answers = iter(["x" * 2001, ANSWER])

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def cmd_retrain(args: argparse.Namespace) -> int:
     """Run (or resume) one retraining cycle now."""
-    from app.cli_common import Progress
+    from app.cli.common import Progress
     from app.scheduler import run_cycle
 
     if not args.now:

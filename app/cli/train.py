@@ -25,7 +25,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train, print one line per step and the adapter to use with `rubricem ask --adapter`."""
     from tqdm import tqdm
 
-    from app.cli_common import Progress
+    from app.cli.common import Progress
     from app.training import build_trainer
     from learning.grpo import train
     from learning.train_config import load_config
@@ -34,7 +34,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ValueError("give --config FILE.toml or --preset NAME (e.g. --preset cpu-smoke)")
     init = None
     if args.init_adapter:
-        from app.cli_sft import resolve_adapter
+        from app.cli.sft import resolve_adapter
 
         init = resolve_adapter(args.init_adapter, Settings())
     cfg = load_config(Path(args.config) if args.config else None, args.preset, steps=args.steps, init_adapter=init,

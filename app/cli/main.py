@@ -1,4 +1,4 @@
-"""The `rubricem` command: ask, ingest, sessions, judge, eval, bank, ... and mcp (app/cli_*.py).
+"""The `rubricem` command: ask, ingest, sessions, judge, eval, bank, ... and mcp (the other app/cli/*.py modules).
 
 Exit codes: 0 success, 1 the run failed (the session is marked failed in the log), 2 bad input or configuration.
 Progress goes to stderr; reports and listings go to stdout (so `rubricem ask ... > report.md` works).
@@ -16,10 +16,11 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from agent.errors import AgentError, IngestError, InputError
-from app import cli_bank, cli_batch, cli_deeprubric, cli_loop, cli_mcp, cli_resume, cli_sft, cli_train, cli_ui
-from app import cli_policy_server, cli_users
-from app.cli_common import Progress, with_adapter
-from app.cli_common import run_options as _run_options
+from app.cli import bank as cli_bank, batch as cli_batch, deeprubric as cli_deeprubric, loop as cli_loop
+from app.cli import mcp as cli_mcp, policy_server as cli_policy_server, resume as cli_resume, sft as cli_sft
+from app.cli import train as cli_train, ui as cli_ui, users as cli_users
+from app.cli.common import Progress, with_adapter
+from app.cli.common import run_options as _run_options
 from app.container import ConfigurationError
 from app.scheduler import CycleLocked
 from app.settings import Settings
@@ -48,7 +49,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     async def go() -> Any:
         try:
             # A clarifying question before the plan (--clarify, else sessions.clarify) and the plan's approval
-            # (--approve-plan) are asked here, in the terminal (issue 21; app/cli_resume.py).
+            # (--approve-plan) are asked here, in the terminal (issue 21; app/cli/resume.py).
             svc = services.research
             return await cli_resume.drive(
                 svc.start(question, options, on_event=progress.event, source="cli", approve_plan=args.approve_plan,
@@ -443,7 +444,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

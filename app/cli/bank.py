@@ -59,7 +59,7 @@ def cmd_reflect(args: argparse.Namespace) -> int:
     """Write reflections for judged, completed sessions that have none yet (the inference side of the meta-policy)."""
     import asyncio
 
-    from app.cli_common import Progress
+    from app.cli.common import Progress
     from app.container import build, build_reflection_judge
     from learning.reflection.writer import reflect_pending
 

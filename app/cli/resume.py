@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.approval import ApprovalError, PlanDecision, PlanForApproval
 from agent.clarify import ClarificationAnswer, ClarificationError
-from app.cli_common import Progress, with_adapter
+from app.cli.common import Progress, with_adapter
 from app.settings import Settings
 
 Ask = Callable[[str], str]

@@ -1,7 +1,7 @@
 """What the `rubricem` subcommand modules share: stderr progress lines and per-run options from the command line.
 
-The subcommand modules (`app/cli_*.py`) import from here, never from `app.cli`, so `app.cli` can import them without
-a cycle.
+The subcommand modules (`app/cli/*.py`) import from here, never from `app.cli.main`, so `app.cli.main` can import them
+without a cycle.
 """
 
 from __future__ import annotations

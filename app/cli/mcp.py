@@ -7,7 +7,7 @@ import argparse
 import contextlib
 import sys
 
-from app.cli_common import Progress
+from app.cli.common import Progress
 from app.settings import Settings
 
 

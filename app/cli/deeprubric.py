@@ -17,7 +17,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from app.cli_common import Progress
+from app.cli.common import Progress
 from app.settings import Settings
 
 MAX_SEEDS = 100_000

@@ -85,7 +85,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     """Run a batch of questions; see the module docstring for exit codes."""
     from agent.errors import InputError
     from app.batch import run_batch
-    from app.cli_common import run_options as _run_options
+    from app.cli.common import run_options as _run_options
     from app.container import build
 
     settings = Settings()

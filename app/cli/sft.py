@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.cli_common import Progress
+from app.cli.common import Progress
 from app.settings import Settings
 
 
