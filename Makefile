@@ -78,7 +78,7 @@ demo: install
 # missing vLLM fail, never skip, and RUBRICEM_TEST_STRICT turns every other skip (a missing .phoenix too) into a
 # failure (tests marked may_skip excepted; -rs lists them).
 test: install vllm phoenix
-	RUBRICEM_TEST_REQUIRE_VLLM=1 RUBRICEM_TEST_STRICT=1 $(PY) -m pytest -q -rs
+	RUBRICEM_TEST_REQUIRE_VLLM=1 RUBRICEM_TEST_STRICT=1 $(PY) -m pytest -q -rs --durations=30
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
