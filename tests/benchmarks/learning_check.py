@@ -247,6 +247,15 @@ def offline_settings(data_dir: Path, model_dir: Path, snippets: int = 5, snippet
         "judge": s.learning.judge.model_copy(update={"base_url": None})})})
 
 
+def judged_scores(judgement: Any) -> dict[str, float]:
+    """A judgement's stage scores (a stage the judge could not score counts 0) and their mean as `total`; shared with
+    the learning curve's evaluator so both read a judgement the same way."""
+    raw = judgement.stage_scores()
+    scores = {s: float(v) if (v := raw[s]) is not None else 0.0 for s in STAGES}
+    scores["total"] = statistics.fmean(scores[s] for s in STAGES)
+    return scores
+
+
 class Evaluator:
     """Held-out evaluation: its own session log and research service (no bank), the offline judge."""
 
@@ -278,9 +287,7 @@ class Evaluator:
                 continue
             judgements = await self.judge.judge_group(question, trajs)
             for (si, seed, out), j in zip(metas, judgements, strict=True):
-                raw = j.stage_scores()
-                scores: dict[str, float] = {s: float(v) if (v := raw[s]) is not None else 0.0 for s in STAGES}
-                scores["total"] = statistics.fmean(scores[s] for s in STAGES)
+                scores = judged_scores(j)
                 t = out.trajectory
                 results.append(SampleResult(
                     qi, si, seed, {k: round(v, 4) for k, v in scores.items()}, sorted(t.stages_present),

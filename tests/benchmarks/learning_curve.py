@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learning_check import DEFAULT_MODEL, eval_steps, offline_settings  # noqa: E402
+from learning_check import DEFAULT_MODEL, eval_steps, judged_scores, offline_settings  # noqa: E402
 
 from agent.config import RunOptions  # noqa: E402
 from agent.tools.registry import build_tools  # noqa: E402
@@ -292,9 +292,8 @@ class HeldoutEvaluator:
         for k, (s, seed, out, seconds) in enumerate(outs):
             scores: dict[str, float | None] = {}
             if judgements:
-                raw = judgements[k].stage_scores()
-                scores = {st: float(v) if (v := raw[st]) is not None else 0.0 for st in STAGES}
-                scores["total"] = round(statistics.fmean(scores[st] or 0.0 for st in STAGES), 4)
+                judged = judged_scores(judgements[k])
+                scores.update(judged, total=round(judged["total"], 4))
             t, report = out.trajectory, out.report
             records.append(base | {
                 "sample": s, "sampling_seed": seed, "session_id": out.session_id, "policy_version": out.policy_version,
