@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -81,6 +83,29 @@ class CheckpointTarget:
         return "postgresql://" + str(self.database_url).rsplit("@", 1)[-1]
 
 
+# How long a checkpoint write waits for another session's lock on the SQLite file (its busy_timeout).
+SQLITE_BUSY_S = 10.0
+_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+async def _enable_wal(conn: Any) -> None:
+    """Switch the file to WAL, retrying while another connection holds its lock, for up to SQLITE_BUSY_S.
+
+    A journal-mode change takes the file's exclusive lock and SQLite answers a contender "database is locked" at once,
+    without calling its busy handler; so sessions that start together on a fresh data folder (a batch's first items)
+    would fail at their first checkpoint. The store's own log retries the same way (`store.db.sqlite`).
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_S
+    while True:
+        try:
+            await conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", None) not in _BUSY_CODES or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.02)
+
+
 async def _try_lock(conn: Any, key: int) -> bool:
     cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS taken", (key,))
     row = await cur.fetchone()  # the saver's connection returns rows as dicts
@@ -96,10 +121,10 @@ async def open_checkpointer(target: CheckpointTarget) -> AsyncIterator[BaseCheck
 
         target.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
         async with aiosqlite.connect(str(target.sqlite_path)) as conn:
+            await conn.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_S * 1000)}")
             # WAL: a reader (the UI) never blocks a running session's writes; NORMAL sync survives a process crash.
-            await conn.execute("PRAGMA journal_mode=WAL")
+            await _enable_wal(conn)
             await conn.execute("PRAGMA synchronous=NORMAL")
-            await conn.execute("PRAGMA busy_timeout=10000")
             saver = AsyncSqliteSaver(conn, serde=serializer())
             await saver.setup()
             yield saver
