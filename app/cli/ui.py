@@ -10,7 +10,7 @@ from pathlib import Path
 from app.settings import Settings
 from app.ui.auth import access_policy
 
-MAIN = Path(__file__).resolve().parent / "ui" / "main.py"
+MAIN = Path(__file__).resolve().parents[1] / "ui" / "main.py"  # app/ui/main.py
 
 
 def streamlit_command(host: str, port: int, max_upload_bytes: int = 200 << 20) -> list[str]:
