@@ -20,6 +20,8 @@ from typing import Any
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from store.db.sqlite import is_busy
+
 # Every non-builtin type that can sit in ResearchState (agent.state).
 STATE_TYPES: tuple[tuple[str, str], ...] = (
     ("store.records", "Turn"),
@@ -85,7 +87,6 @@ class CheckpointTarget:
 
 # How long a checkpoint write waits for another session's lock on the SQLite file (its busy_timeout).
 SQLITE_BUSY_S = 10.0
-_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 async def _enable_wal(conn: Any) -> None:
@@ -93,7 +94,8 @@ async def _enable_wal(conn: Any) -> None:
 
     A journal-mode change takes the file's exclusive lock and SQLite answers a contender "database is locked" at once,
     without calling its busy handler; so sessions that start together on a fresh data folder (a batch's first items)
-    would fail at their first checkpoint. The store's own log retries the same way (`store.db.sqlite`).
+    would fail at their first checkpoint. The store's own log retries the same way (`store.db.sqlite`), with the
+    same test for a busy lock (`is_busy`).
     """
     deadline = time.monotonic() + SQLITE_BUSY_S
     while True:
@@ -101,7 +103,7 @@ async def _enable_wal(conn: Any) -> None:
             await conn.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as exc:
-            if getattr(exc, "sqlite_errorcode", None) not in _BUSY_CODES or time.monotonic() > deadline:
+            if not is_busy(exc) or time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.02)
 

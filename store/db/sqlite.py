@@ -23,6 +23,11 @@ _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 _BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
+def is_busy(exc: sqlite3.Error) -> bool:
+    """Another connection holds the lock: worth retrying a journal-mode switch, which SQLite never retries itself."""
+    return getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES
+
+
 @contextmanager
 def mapped_errors() -> Iterator[None]:
     """Translate sqlite3 exceptions into the store hierarchy, by type and SQLite error code."""
@@ -104,7 +109,7 @@ class SqliteDatabase:
             try:
                 return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             except sqlite3.OperationalError as exc:
-                if getattr(exc, "sqlite_errorcode", None) not in _BUSY_CODES or time.monotonic() > deadline:
+                if not is_busy(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)
 

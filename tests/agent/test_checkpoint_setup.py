@@ -39,7 +39,6 @@ def test_hosts_opening_a_fresh_postgresql_checkpointer_together_all_succeed(post
     assert len(set(counts)) == 1 and counts[0] > 0
 
 
-
 async def _open_together_sqlite(path: Path, n: int) -> list[int]:
     """`n` sessions open the checkpointer on one file at the same moment and each writes a few rows."""
     start = asyncio.Event()
