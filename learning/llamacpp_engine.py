@@ -28,6 +28,7 @@ import ctypes
 import logging
 import math
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from learning.gguf_lora import GGUFConversionError, cached_lora
 from learning.local_policy import AdapterLoadError, _read_adapter_config, _Row
 from learning.threads import (
     PLAN_FILENAME,
+    ContentionGuard,
     ThreadPlan,
     available_cpus,
     cached_plan,
@@ -126,6 +128,7 @@ class LlamaCppEngine:
         self._mem = lc.llama_get_memory(self._ctx)
         self._adapter: Any = None
         self.n_past = 0  # positions in the KV cache
+        self.guard: ContentionGuard | None = None  # backs off to one thread while the cores are oversubscribed
 
     def close(self) -> None:
         """Free the context and model (idempotent)."""
@@ -166,7 +169,12 @@ class LlamaCppEngine:
                 b.logits[i] = want
                 if want:
                     wanted.append(i)
+            self._follow_guard()
+            began = time.perf_counter()
             code = lc.llama_decode(self._ctx, b)
+            if self.guard is not None:  # llama.cpp runs a one-token batch on `threads`, a longer one on `batch_threads`
+                used = self.threads if len(chunk) == 1 else self.batch_threads
+                self.guard.observe(time.perf_counter() - began, len(chunk), used)
             if code != 0:
                 self.truncate(self.n_past)  # drop whatever part of the chunk entered the cache
                 raise PolicyUnavailable(f"llama_decode failed with code {code}")
@@ -175,6 +183,12 @@ class LlamaCppEngine:
                 ptr = lc.llama_get_logits_ith(self._ctx, i)
                 rows.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
         return np.stack(rows)
+
+    def _follow_guard(self) -> None:
+        if self.guard is not None:
+            counts = self.guard.counts()
+            if counts != (self.threads, self.batch_threads):
+                self.set_threads(*counts)
 
     def set_threads(self, threads: int, batch_threads: int) -> None:
         """Threads of one-token steps and of prompt batches from the next decode on."""
@@ -226,7 +240,9 @@ class EmbeddedLlamaCppClient:
         threads, batch_threads: llama.cpp threads for one-token steps and for prompts. None: measured on this machine
             at the first start (`learning.threads`: each count timed round-robin, the fastest kept, a larger count
             only when it is more than 3 % faster) and cached in `tokenizer_dir/../threads.json` (beside the torch
-            engine's plan, under its own key) per CPU model and count.
+            engine's plan, under its own key) per CPU model and count. A measured plan of more than one thread backs
+            off to one while the cores are oversubscribed (`learning.threads.ContentionGuard`); fixed counts are
+            used as given.
         n_ctx: the KV cache size; None = the model's trained context (8,192 for SmolLM2).
     """
 
@@ -261,6 +277,9 @@ class EmbeddedLlamaCppClient:
             key = machine_key(f"llama.cpp {self._gguf.name}", f"llama-cpp-python {_llama_cpp_version()}")
             plan = cached_plan(tokenizer_dir.parent / PLAN_FILENAME, key, self._probe_threads)
             self._engine.set_threads(plan.decode, batch_threads or plan.prefill)
+            self._engine.guard = ContentionGuard.for_plan(
+                ThreadPlan(decode=self._engine.threads, prefill=self._engine.batch_threads, source=plan.source,
+                           timings=plan.timings), "llama.cpp")
         self.threads = ThreadPlan(decode=self._engine.threads, prefill=self._engine.batch_threads,
                                   source="fixed" if threads is not None else plan.source)
         self._eos_ids = self._collect_eos_ids(tokenizer_dir)

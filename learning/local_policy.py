@@ -30,6 +30,7 @@ from agent.protocols import ChatMessage, Generation, PromptContext
 from learning.compiled_decode import DEFAULT_BUCKETS, CompiledDecode, CompiledDecodeFailed
 from learning.decode_kernels import onednn_disabled, register_gqa_attention
 from learning.threads import (
+    ContentionGuard,
     PLAN_FILENAME,
     ThreadPlan,
     available_cpus,
@@ -230,18 +231,20 @@ class TransformersPolicyClient:
     default both counts are measured on this machine at start (the fastest of 1..CPUs, about 2 s) and cached in the
     model cache folder. On the shared 2-core development machine both came out 1: with the other core idle, 2
     threads took 62 ms per decode step against 60 and 84 ms per 64-token prompt against 83; with it busy, 2.4 s per
-    step. The count is switched (`torch.set_num_threads`, only when it changes, about a microsecond) in the worker
-    thread that runs the request, and that thread's previous count is put back when the request ends. torch's
-    setting is process-wide for MKL and for threads that have not yet run torch work, so such a thread starting
-    during a request inherits the phase's count.
+    step. So a measured plan of more than one thread backs off to one for a minute or more after a forward six times
+    slower than measured (`learning.threads.ContentionGuard`; fixed counts are used as given, and the compiled step
+    follows the back-off without timing its own steps). The count is switched (`torch.set_num_threads`, only when it
+    changes, about a microsecond) in the worker thread that runs the request, and that thread's previous count is put
+    back when the request ends. torch's setting is process-wide for MKL and for threads that have not yet run torch
+    work, so such a thread starting during a request inherits the phase's count.
 
     `compile=True` runs one-token decode steps of `generate` as a compiled graph over a static KV cache
     (`learning.compiled_decode`). In bf16 its log-probs differ from the eager kernels' by up to ~0.2 (a fused
     kernel rounds to bf16 once where eager rounds every op), so greedy tokens are the same except at near-ties (the
     SFT adapter on one benchmark prompt: top two within 0.01 at the second token, where an eager full forward also
-    disagrees with eager decoding). Prompts, scoring and `generate_group` stay eager. Each cache-length bucket and module structure (base, adapter) compiles once, on
-    its first step: 1.5 to 3.5 minutes on the 2-core machine, 10 to 30 s when inductor's on-disk cache already holds
-    the graph (a later start). `load_adapter` then copies a compatible adapter's weights into the loaded adapter's
+    disagrees with eager decoding). Prompts, scoring and `generate_group` stay eager. Each cache-length bucket and
+    module structure (base, adapter) compiles once, on its first step: 1.5 to 3.5 minutes on the 2-core machine, 10
+    to 30 s when inductor's on-disk cache already holds the graph (a later start). `load_adapter` then copies a compatible adapter's weights into the loaded adapter's
     tensors (same rank, alpha and target modules), which needs no new graph. Measured there (one thread, greedy,
     128 tokens behind 870 prompt tokens): 10.2 → 15.5 decode tokens/s on the base weights, 9.4 → 14.7 with the SFT
     adapter. A compile that fails logs one warning and decoding goes on eagerly.
@@ -328,7 +331,9 @@ class TransformersPolicyClient:
         self._last_prompt: tuple[int, ...] = ()
         self._eos_ids = self._collect_eos_ids()
         self._max_context = int(getattr(self._model.config, "max_position_embeddings", 0) or 0) or None
+        self._guard: ContentionGuard | None = None  # none while the probe measures
         self._threads = self._plan_threads(threads or None, prefill_threads or None, dtype)
+        self._guard = ContentionGuard.for_plan(self._threads, "torch")  # one thread while the cores are oversubscribed
         if adapter_path is not None:
             self.load_adapter(adapter_path, version)
 
@@ -827,10 +832,14 @@ class TransformersPolicyClient:
         self._use_threads(len(ids[0]), len(ids))
         # ATen's native products win for one or two rows, oneDNN's from four (see learning/decode_kernels.py)
         native = self._decode_matmul == "native" and len(ids[0]) == 1 and len(ids) <= NATIVE_MATMUL_MAX_ROWS
+        began = time.perf_counter()
         with onednn_disabled(native):
             out = self._model(input_ids=torch.tensor(ids, dtype=torch.long), **{self._cache_kw(): cache},
                               use_cache=True, **kw)
-        return out.logits[:, -1].float()
+        logits = out.logits[:, -1].float()
+        if self._guard is not None and len(ids) == 1:
+            self._guard.observe(time.perf_counter() - began, len(ids[0]), torch.get_num_threads())
+        return logits
 
     def _use_attention(self, new_tokens: int) -> None:
         """The attention kernel for a forward of `new_tokens` positions per row.
@@ -851,7 +860,8 @@ class TransformersPolicyClient:
         plan = self._threads
         if plan is not None:
             one_token = new_tokens == 1 and rows <= NATIVE_MATMUL_MAX_ROWS
-            use_threads(plan.decode if one_token else plan.prefill)
+            decode, prefill = self._guard.counts() if self._guard is not None else (plan.decode, plan.prefill)
+            use_threads(decode if one_token else prefill)
 
     def _step(self, token: int) -> torch.Tensor:
         if self._cache_static:

@@ -242,3 +242,97 @@ def cached_plan(path: Path, key: str, measure: Callable[[], ThreadPlan]) -> Thre
     log.info("embedded policy threads measured: decode %d, prefill %d (%s)", plan.decode, plan.prefill,
              plan.timings)
     return plan
+
+
+# -- backing off when the cores are shared ----------------------------------------------------------------------------
+
+SLOW_FACTOR = 6.0  # a forward this many times slower than the plan's measurement means the cores are oversubscribed
+SLOW_FLOOR_S = 0.05  # … and never below this (a measured step of a few ms is noisy)
+BACKOFF_S = 60.0  # how long one thread serves after a trip, before the plan's counts are tried again
+MAX_BACKOFF_S = 600.0  # the back-off doubles while trips follow each other, up to this
+PROBE_PROMPT = 64  # tokens of the prompt the plan's prefill timing was taken on (measure_plan's callers)
+
+
+@dataclass(slots=True)
+class ContentionGuard:
+    """Falls back to one thread while the cores are oversubscribed, for engines whose threads spin at every barrier.
+
+    Why: llama.cpp's worker threads busy-wait at each of the hundreds of barriers in a forward pass. When more
+    threads want the CPU than there are cores (another process decoding, a training step, torch work in the same
+    process), a forward can fall into a mode where every call waits out descheduled peers. Measured on the 2-core
+    machine (`tests/benchmarks/contention.py`, 24 greedy tokens of SmolLM2 Q4_1 beside a 2-thread torch process):
+    0.95 s on 1 thread idle, 0.60 s on 2; beside the neighbour 1.05-1.56 s on 1 thread, while 2 threads took 1.2-1.6 s
+    in four runs and 73 s in two, every call (prompt or one-token step) then taking about 3 s. One thread degrades
+    gracefully (it is merely time-sliced), so a forward at more than one thread that takes more than `factor` times
+    the plan's measurement switches both phases to one thread for `backoff_s`; then the plan's counts are tried
+    again. A trip that comes within one back-off of the last one ending doubles the back-off (up to
+    `max_backoff_s`), so a neighbour that stays costs a probe every ten minutes, not every minute.
+
+    What is expected: for a one-token step, the plan's measured step at its decode count (taken behind a 64-token
+    prompt; a step behind a long context is up to ~2× slower, well inside `factor`); for a prompt of n tokens, the
+    plan's 64-token prompt time at its prefill count, scaled by n / 64 when n is longer (shorter prompts are allowed
+    the whole 64-token time). A phase the plan has no timing for at its count is not judged; a plan with no timing at
+    all (a fixed count from the settings) gets no guard: a count given by hand is honoured as given.
+    """
+
+    plan: ThreadPlan
+    engine: str = "the embedded policy"  # named in the log line of a trip
+    factor: float = SLOW_FACTOR
+    floor_s: float = SLOW_FLOOR_S
+    backoff_s: float = BACKOFF_S
+    max_backoff_s: float = MAX_BACKOFF_S
+    clock: Callable[[], float] = time.monotonic
+    until: float = 0.0  # clock() before which one thread serves
+    trips: int = 0
+    streak: int = 0  # trips in a row, each within one back-off of the previous one's end
+
+    def _timing(self, phase: str, count: int) -> float | None:
+        value = self.plan.timings.get(phase, {}).get(str(count))
+        return float(value) if value else None
+
+    @property
+    def expected_step_s(self) -> float | None:
+        """The plan's measured one-token step at its decode count (None: not measured)."""
+        return self._timing("decode", self.plan.decode)
+
+    def expected_s(self, tokens: int) -> float | None:
+        """The plan's time for a forward of `tokens` new tokens (one row) at its own counts; None: not measured."""
+        if tokens <= 1:
+            return self.expected_step_s
+        prompt = self._timing("prefill", self.plan.prefill)
+        return prompt * max(tokens, PROBE_PROMPT) / PROBE_PROMPT if prompt is not None else None
+
+    @property
+    def active(self) -> bool:
+        """Whether this guard can ever back off (more than one thread, with a measurement to compare against)."""
+        return ((self.plan.decode > 1 and self.expected_step_s is not None)
+                or (self.plan.prefill > 1 and self._timing("prefill", self.plan.prefill) is not None))
+
+    def counts(self) -> tuple[int, int]:
+        """(decode, prefill) threads for the next forward: the plan's, or (1, 1) while backing off."""
+        if self.until and self.clock() < self.until:
+            return 1, 1
+        return self.plan.decode, self.plan.prefill
+
+    def observe(self, seconds: float, tokens: int, threads: int) -> bool:
+        """Record a forward of `tokens` new tokens (one row) that took `seconds` on `threads` threads; True when it
+        trips the back-off (logged: a warning the first time, then at info level)."""
+        expected = self.expected_s(tokens)
+        if threads <= 1 or expected is None or seconds <= max(self.factor * expected, self.floor_s):
+            return False
+        now = self.clock()
+        self.streak = self.streak + 1 if self.until and now - self.until < self.backoff_s else 1
+        backoff = min(self.backoff_s * 2 ** (self.streak - 1), self.max_backoff_s)
+        self.until = now + backoff
+        self.trips += 1
+        say = log.warning if self.trips == 1 else log.info
+        say("%s: a forward of %d token(s) took %.2f s on %d threads (%.3f s on an idle machine): the CPU is "
+            "oversubscribed, so one thread serves for the next %.0f s (back-off %d)", self.engine, tokens, seconds,
+            threads, expected, backoff, self.trips)
+        return True
+
+    @classmethod
+    def for_plan(cls, plan: ThreadPlan, engine: str) -> ContentionGuard | None:
+        """A guard for a measured or cached plan that can back off; None for a fixed or single-thread plan."""
+        guard = cls(plan, engine)
+        return guard if plan.source != "fixed" and guard.active else None
