@@ -271,8 +271,10 @@ class ContentionGuard:
     What is expected: for a one-token step, the plan's measured step at its decode count (taken behind a 64-token
     prompt; a step behind a long context is up to ~2× slower, well inside `factor`); for a prompt of n tokens, the
     plan's 64-token prompt time at its prefill count, scaled by n / 64 when n is longer (shorter prompts are allowed
-    the whole 64-token time). A phase the plan has no timing for at its count is not judged; a plan with no timing at
-    all (a fixed count from the settings) gets no guard: a count given by hand is honoured as given.
+    the whole 64-token time; attention grows faster than linearly, so a prompt of several thousand tokens on torch
+    may trip it falsely, at the cost of one back-off on one thread). A phase the plan has no timing for at its count
+    is not judged; a plan with no timing at all (a fixed count from the settings) gets no guard: a count given by hand
+    is honoured as given.
     """
 
     plan: ThreadPlan
