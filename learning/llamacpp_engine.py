@@ -277,11 +277,10 @@ class EmbeddedLlamaCppClient:
             key = machine_key(f"llama.cpp {self._gguf.name}", f"llama-cpp-python {_llama_cpp_version()}")
             plan = cached_plan(tokenizer_dir.parent / PLAN_FILENAME, key, self._probe_threads)
             self._engine.set_threads(plan.decode, batch_threads or plan.prefill)
-            self._engine.guard = ContentionGuard.for_plan(
-                ThreadPlan(decode=self._engine.threads, prefill=self._engine.batch_threads, source=plan.source,
-                           timings=plan.timings), "llama.cpp")
+        measured = threads is None
         self.threads = ThreadPlan(decode=self._engine.threads, prefill=self._engine.batch_threads,
-                                  source="fixed" if threads is not None else plan.source)
+                                  source=plan.source if measured else "fixed", timings=plan.timings if measured else {})
+        self._engine.guard = ContentionGuard.for_plan(self.threads, "llama.cpp")  # None for fixed counts
         self._eos_ids = self._collect_eos_ids(tokenizer_dir)
         self._lock = threading.Lock()
         self._closed = False

@@ -244,10 +244,11 @@ class TransformersPolicyClient:
     SFT adapter on one benchmark prompt: top two within 0.01 at the second token, where an eager full forward also
     disagrees with eager decoding). Prompts, scoring and `generate_group` stay eager. Each cache-length bucket and
     module structure (base, adapter) compiles once, on its first step: 1.5 to 3.5 minutes on the 2-core machine, 10
-    to 30 s when inductor's on-disk cache already holds the graph (a later start). `load_adapter` then copies a compatible adapter's weights into the loaded adapter's
-    tensors (same rank, alpha and target modules), which needs no new graph. Measured there (one thread, greedy,
-    128 tokens behind 870 prompt tokens): 10.2 → 15.5 decode tokens/s on the base weights, 9.4 → 14.7 with the SFT
-    adapter. A compile that fails logs one warning and decoding goes on eagerly.
+    to 30 s when inductor's on-disk cache already holds the graph (a later start). `load_adapter` then copies a
+    compatible adapter's weights into the loaded adapter's tensors (same rank, alpha and target modules), which needs
+    no new graph. Measured there (one thread, greedy, 128 tokens behind 870 prompt tokens): 10.2 → 15.5 decode
+    tokens/s on the base weights, 9.4 → 14.7 with the SFT adapter. A compile that fails logs one warning and decoding
+    goes on eagerly.
     """
 
     def __init__(

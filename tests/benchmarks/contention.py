@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "guard_trips": guard.trips, "same_tokens": all(same)}
     print(f"{'setting':<40} {'median':>9} {'slowest':>9}   median / idle 1 thread")
     for name, times in rows.items():
-        print(f"{name:<40} {statistics.median(times):8.2f}s {max(times):8.2f}s   {statistics.median(times) / base:6.2f}×")
+        median = statistics.median(times)
+        print(f"{name:<40} {median:8.2f}s {max(times):8.2f}s   {median / base:6.2f}×")
     print(f"guard trips: {guard.trips} in {a.reps} guarded runs; the same greedy tokens in every run: {all(same)}")
     if a.out:
         a.out.write_text(json.dumps(result, indent=1))
