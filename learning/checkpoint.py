@@ -3,6 +3,12 @@ judgements, rubric buffers, reflection candidates), the run's rubric bank and th
 reflection batches), written to a temporary folder and renamed into place, so a crash never leaves a half checkpoint
 that looks complete. A folder without a readable `state.json` naming its own step is corrupt and is skipped.
 
+Only the parameters the run trains are written (the LoRA adapter, its optimizer state beside it): the frozen base
+weights are the model every start loads anyway, and writing them made each SmolLM2 checkpoint 314 MB instead of 38 MB
+(one per step in the learning curve and in tests). A restore checks that the file holds every trained parameter before
+loading it non-strictly, so a checkpoint missing one is refused, never half-applied; a checkpoint written with every
+weight (before this) still restores. DeepSpeed, FSDP and Megatron save and load the model their own way: untouched.
+
 The session log is copied only when it is a SQLite file, which a training run's own log always is (`app.training`
 opens RUN/rollouts.sqlite3 whatever the store's backend). A log on PostgreSQL is a shared database, not a run's
 private file: it is never copied or rolled back (restoring a snapshot would erase what other writers added since), so
@@ -44,7 +50,12 @@ class Checkpoint:
     def restore(self, accelerator: Any, log: SessionLog, bank: RubricBank | None) -> dict[str, Any]:
         """Load weights, optimizer and RNG; put the session log and the bank back as they were; return the state."""
         try:
-            accelerator.load_state(str(self.path / "accelerate"))
+            folder = self.path / "accelerate"
+            if _plain(accelerator):
+                _check_trained_weights(accelerator, folder)
+                accelerator.load_state(str(folder), strict=False)  # the frozen base weights are not in the file
+            else:
+                accelerator.load_state(str(folder))
         except Exception as exc:  # noqa: BLE001 - any failure here means the checkpoint is unusable
             raise CheckpointError(f"checkpoint {self.path} could not be loaded: {type(exc).__name__}: {exc}") from exc
         if log.path is not None and not self.state.get(_LOG_NOT_COPIED):
@@ -66,6 +77,41 @@ def _restore_sqlite(src: Path, log_path: Path) -> None:
         target.close()
 
 
+def _plain(accelerator: Any) -> bool:
+    """Whether accelerate saves the model's weights as one state dict per model (not DeepSpeed, FSDP or Megatron)."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP,
+                                                DistributedType.MEGATRON_LM)
+
+
+def _trained_names(model: Any) -> set[str]:
+    return {name for name, param in model.named_parameters() if param.requires_grad}
+
+
+def _trained_only(models: list[Any], weights: list[dict[str, Any]], _output_dir: str) -> None:
+    """save_state pre-hook: keep the trained parameters of each model's state dict (all of it when none is frozen,
+    or when the names do not line up, so nothing is ever dropped by mistake)."""
+    for i, (model, state) in enumerate(zip(models, weights, strict=False)):
+        names = _trained_names(model)
+        if names and names <= state.keys() and len(names) < len(state):
+            weights[i] = {k: v for k, v in state.items() if k in names}
+
+
+def _check_trained_weights(accelerator: Any, folder: Path) -> None:
+    """Raise unless each model's weights file holds every parameter it trains (a non-strict load would skip one)."""
+    from safetensors import safe_open
+
+    for i, model in enumerate(accelerator._models):
+        path = folder / ("model.safetensors" if i == 0 else f"model_{i}.safetensors")
+        if not path.is_file():  # save_checkpoint always writes safetensors
+            raise CheckpointError(f"{path.name} is missing")
+        with safe_open(str(path), framework="pt") as f:
+            missing = _trained_names(model) - set(f.keys())
+        if missing:
+            raise CheckpointError(f"{path.name} lacks {len(missing)} trained parameter(s), e.g. {sorted(missing)[0]}")
+
+
 def save_checkpoint(root: Path, step: int, accelerator: Any, log: SessionLog, bank: RubricBank | None,
                     state: dict[str, Any]) -> Path:
     """Write checkpoint `step` under `root` atomically (temporary folder, then rename)."""
@@ -74,7 +120,12 @@ def save_checkpoint(root: Path, step: int, accelerator: Any, log: SessionLog, ba
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp / "accelerate"))
+    handle = accelerator.register_save_state_pre_hook(_trained_only) if _plain(accelerator) else None
+    try:
+        accelerator.save_state(str(tmp / "accelerate"))
+    finally:
+        if handle is not None:
+            handle.remove()
     if accelerator.is_main_process:
         if log.path is None:
             state = state | {_LOG_NOT_COPIED: log.location}

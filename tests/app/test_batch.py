@@ -23,17 +23,13 @@ from store.session_log import SessionLog
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 8000  # AgentConfig.max_question_chars default
 
-QUESTIONS = [
+QUESTIONS = [  # six, two of them bad: enough for two rounds at concurrency 2 and a refusal between good items
     "Who was Haymo of Faversham?",
     "What is the Crab Nebula?",
-    "Are Christopher Nolan and Sathish Kalathil both film directors?",
     "",  # fails: empty
-    "What is a circadian rhythm?",
-    "Where is the village of Allington in Wiltshire?",
+    "Are Christopher Nolan and Sathish Kalathil both film directors?",
     "x" * (LIMIT + 1),  # fails: over the length limit
-    "Which constellation contains the Orion Nebula?",
-    "What is a supernova remnant?",
-    "What is Salisbury Cathedral known for?",
+    "What is a circadian rhythm?",
 ]
 
 
@@ -146,7 +142,7 @@ def test_the_command_refuses_a_bad_file_before_loading_anything(env: dict[str, s
 
 
 @pytest.mark.slow
-def test_ten_questions_two_bad_give_eight_reports_two_failures_and_a_rerun_does_nothing(
+def test_six_questions_two_bad_give_four_reports_two_failures_and_a_rerun_does_nothing(
     run_env: dict[str, str], tmp_path: Path
 ) -> None:
     queries = _write_jsonl(tmp_path / "queries.jsonl", [{"question": q} for q in QUESTIONS])
@@ -154,8 +150,8 @@ def test_ten_questions_two_bad_give_eight_reports_two_failures_and_a_rerun_does_
     args = ["batch", str(queries), "--out", str(out), "--concurrency", "2", "--max-tool-calls", "0", "--seed", "1"]
     p = rubricem(args, run_env)
     assert p.returncode == 1, p.stderr[-3000:]  # 1: the batch has items without a report
-    bad_ids = {"0004": "the question is empty", "0007": f"the question is {LIMIT + 1:,} characters long"}
-    good_ids = [f"{i:04d}" for i in range(1, 11) if f"{i:04d}" not in bad_ids]
+    bad_ids = {"0003": "the question is empty", "0005": f"the question is {LIMIT + 1:,} characters long"}
+    good_ids = [f"{i:04d}" for i in range(1, 7) if f"{i:04d}" not in bad_ids]
     for item_id in good_ids:
         record = json.loads((out / f"{item_id}.json").read_text())
         # a flake on CI once failed a good item without saying why: name the item, its error and the run's tail
@@ -171,21 +167,21 @@ def test_ten_questions_two_bad_give_eight_reports_two_failures_and_a_rerun_does_
         assert record["status"] == "failed" and record["error_kind"] == "input" and error in record["error"]
         assert not (out / f"{item_id}.md").exists()
     index = json.loads((out / "index.json").read_text())
-    assert index["counts"] == {"done": 8, "failed": 2, "pending": 0}
-    assert [r["id"] for r in index["items"]] == [f"{i:04d}" for i in range(1, 11)]
+    assert index["counts"] == {"done": 4, "failed": 2, "pending": 0}
+    assert [r["id"] for r in index["items"]] == [f"{i:04d}" for i in range(1, 7)]
     index_md = (out / "index.md").read_text()
-    assert "| 0004 | failed | *(empty)* |" in index_md and "[0001.md](0001.md)" in index_md
-    assert "done            8" in p.stdout and "failed          2  (2 bad input, 0 run failures)" in p.stdout
+    assert "| 0003 | failed | *(empty)* |" in index_md and "[0001.md](0001.md)" in index_md
+    assert "done            4" in p.stdout and "failed          2  (2 bad input, 0 run failures)" in p.stdout
     assert "sessions/min" in p.stdout and "batch:" in p.stderr  # the summary table and the progress bar
-    assert "[10/10]" in p.stderr and "0004: FAILED (input): the question is empty" in p.stderr
+    assert "[6/6]" in p.stderr and "0003: FAILED (input): the question is empty" in p.stderr
     sessions = _sessions(tmp_path)
-    assert len(sessions) == 8  # the refused questions never reached the service's log
+    assert len(sessions) == 4  # the refused questions never reached the service's log
     records = {f.name: f.read_text() for f in out.glob("0*.json")}
 
     again = rubricem(args, run_env)
     assert again.returncode == 1, again.stderr[-3000:]
     assert "done            0" in again.stdout and "failed          0" in again.stdout
-    assert "skipped        10" in again.stdout
+    assert "skipped         6" in again.stdout
     assert _sessions(tmp_path) == sessions  # nothing new was researched
     assert {f.name: f.read_text() for f in out.glob("0*.json")} == records  # nor rewritten
     assert not list(out.glob(".*.tmp"))  # no temp files left behind

@@ -128,13 +128,15 @@ def test_a_run_killed_mid_step_resumes_without_repeating_or_losing_a_step(smollm
     metrics = runs / "train" / "ss-grpo-s0" / "metrics.jsonl"
     checkpoint = runs / "train" / "ss-grpo-s0" / "checkpoints" / "step-000000"
     deadline = time.monotonic() + 900
-    # kill it once step 1 is checkpointed, while step 2 is under way
-    while not checkpoint.is_dir() and first.poll() is None:
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(1)
-    assert first.poll() is None, log.read_text()[-3000:]
-    os.killpg(first.pid, signal.SIGKILL)  # at once: step 2 (two rollouts and an update) is seconds away at best
-    first.wait()
+    try:  # kill it once step 1 is checkpointed, while step 2 is under way
+        while not checkpoint.is_dir() and first.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        assert first.poll() is None, log.read_text()[-3000:]
+    finally:  # never leave it running: a leaked run would hold both cores for the rest of the suite
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)  # at once: step 2 (two rollouts and an update) is seconds away
+        first.wait()
     assert not (out / "curve.json").is_file() or json.loads((out / "curve.json").read_text())["progress"][
         "units_done"] < 2
     second = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)

@@ -170,3 +170,37 @@ def test_pruning_after_a_resume_never_deletes_the_checkpoint_resumed_from(
     assert checkpoint is not None and checkpoint.step == 4
     # The older good ones are pruned; the corrupt step 5 is left for the run to overwrite when it saves step 5.
     assert _names(root) == ["step-000004", "step-000005"]
+
+
+def test_only_trained_parameters_are_written_and_a_file_missing_one_is_refused(log: SessionLog,
+                                                                               tmp_path: Path) -> None:
+    """A frozen base and a trained adapter, as in a LoRA run: the checkpoint holds the adapter only (the base is what
+    every start loads), a restore puts the adapter back and leaves the base alone, and a weights file that lacks a
+    trained parameter is refused rather than loaded non-strictly."""
+    from accelerate import Accelerator
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 2, bias=False))
+    model[0].weight.requires_grad_(False)  # the "base"
+    optimizer = torch.optim.SGD([model[1].weight], lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    base = model[0].weight.detach().clone()
+    with torch.no_grad():
+        model[1].weight.fill_(3.0)
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root, 0, accelerator, log, None, {})
+    weights = root / "step-000000" / "accelerate" / "model.safetensors"
+    with safe_open(str(weights), framework="pt") as f:
+        assert set(f.keys()) == {"1.weight"}
+    with torch.no_grad():
+        model[1].weight.fill_(0.0)
+    checkpoint = latest_checkpoint(root)
+    assert checkpoint is not None
+    checkpoint.restore(accelerator, log, None)
+    assert torch.equal(model[1].weight, torch.full((2, 4), 3.0)) and torch.equal(model[0].weight, base)
+
+    save_file({"0.weight": base}, str(weights))  # the trained parameter is gone: a non-strict load would skip it
+    with pytest.raises(CheckpointError, match=r"model.safetensors lacks 1 trained parameter\(s\), e.g. 1.weight"):
+        checkpoint.restore(accelerator, log, None)
