@@ -4,10 +4,11 @@ reflection batches), written to a temporary folder and renamed into place, so a 
 that looks complete. A folder without a readable `state.json` naming its own step is corrupt and is skipped.
 
 Only the parameters the run trains are written (the LoRA adapter, its optimizer state beside it): the frozen base
-weights are the model every start loads anyway, and writing them made each SmolLM2 checkpoint 314 MB instead of 38 MB
-(one per step in the learning curve and in tests). A restore checks that the file holds every trained parameter before
-loading it non-strictly, so a checkpoint missing one is refused, never half-applied; a checkpoint written with every
-weight (before this) still restores. DeepSpeed, FSDP and Megatron save and load the model their own way: untouched.
+weights are the model every start loads anyway, and writing them made each SmolLM2 checkpoint 314 MB instead of
+57 MB (one per step in the learning curve and in tests). A restore checks that the file holds every trained
+parameter before loading it non-strictly, so a checkpoint missing one is refused, never half-applied; a checkpoint
+written with every weight (before this) still restores. DeepSpeed, FSDP and Megatron save and load the model their
+own way: untouched.
 
 The session log is copied only when it is a SQLite file, which a training run's own log always is (`app.training`
 opens RUN/rollouts.sqlite3 whatever the store's backend). A log on PostgreSQL is a shared database, not a run's
