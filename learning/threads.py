@@ -247,7 +247,10 @@ def cached_plan(path: Path, key: str, measure: Callable[[], ThreadPlan]) -> Thre
 # -- backing off when the cores are shared ----------------------------------------------------------------------------
 
 SLOW_FACTOR = 6.0  # a forward this many times slower than the plan's measurement means the cores are oversubscribed
-SLOW_FLOOR_S = 0.05  # … and never below this (a measured step of a few ms is noisy)
+# … and never below this. The collapse it guards against makes every call take seconds (1.8-3 s measured), while a
+# one-off stall of tens of ms (a GC pause, the agent's own threads) is noise: at 50 ms the guard tripped on an idle
+# machine in `make demo` (a 50 ms step against 8 ms measured) and printed an alarming warning for nothing.
+SLOW_FLOOR_S = 0.5
 BACKOFF_S = 60.0  # how long one thread serves after a trip, before the plan's counts are tried again
 MAX_BACKOFF_S = 600.0  # the back-off doubles while trips follow each other, up to this
 PROBE_PROMPT = 64  # tokens of the prompt the plan's prefill timing was taken on (measure_plan's callers)
