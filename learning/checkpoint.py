@@ -51,12 +51,15 @@ class Checkpoint:
     def restore(self, accelerator: Any, log: SessionLog, bank: RubricBank | None) -> dict[str, Any]:
         """Load weights, optimizer and RNG; put the session log and the bank back as they were; return the state."""
         try:
-            folder = self.path / "accelerate"
+            folder = str(self.path / "accelerate")
             if _plain(accelerator):
-                _check_trained_weights(accelerator, folder)
-                accelerator.load_state(str(folder), strict=False)  # the frozen base weights are not in the file
+                handle = accelerator.register_load_state_pre_hook(_check_trained_weights)
+                try:
+                    accelerator.load_state(folder, strict=False)  # the frozen base weights are not in the file
+                finally:
+                    handle.remove()
             else:
-                accelerator.load_state(str(folder))
+                accelerator.load_state(folder)
         except Exception as exc:  # noqa: BLE001 - any failure here means the checkpoint is unusable
             raise CheckpointError(f"checkpoint {self.path} could not be loaded: {type(exc).__name__}: {exc}") from exc
         if log.path is not None and not self.state.get(_LOG_NOT_COPIED):
@@ -99,12 +102,13 @@ def _trained_only(models: list[Any], weights: list[dict[str, Any]], _output_dir:
             weights[i] = {k: v for k, v in state.items() if k in names}
 
 
-def _check_trained_weights(accelerator: Any, folder: Path) -> None:
-    """Raise unless each model's weights file holds every parameter it trains (a non-strict load would skip one)."""
+def _check_trained_weights(models: list[Any], input_dir: str) -> None:
+    """load_state pre-hook: raise unless each model's weights file holds every parameter it trains (the load that
+    follows is non-strict and would skip one)."""
     from safetensors import safe_open
 
-    for i, model in enumerate(accelerator._models):
-        path = folder / ("model.safetensors" if i == 0 else f"model_{i}.safetensors")
+    for i, model in enumerate(models):
+        path = Path(input_dir) / ("model.safetensors" if i == 0 else f"model_{i}.safetensors")
         if not path.is_file():  # save_checkpoint always writes safetensors
             raise CheckpointError(f"{path.name} is missing")
         with safe_open(str(path), framework="pt") as f:

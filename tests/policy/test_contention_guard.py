@@ -88,6 +88,9 @@ def test_a_step_below_the_floor_never_trips_even_against_a_tiny_measurement() ->
     assert not guard.observe(0.05, 1, 2)  # 50× of 1 ms: the stall that tripped `make demo` on an idle machine
     assert not guard.observe(0.5, 1, 2)  # at the 0.5 s floor: not yet
     assert guard.observe(0.51, 1, 2)
+    slower = ContentionGuard(_plan(step_s=0.1), "torch", clock=_Clock())  # above the floor the factor decides
+    assert not slower.observe(0.6, 1, 2)  # exactly 6× of 100 ms: not yet
+    assert slower.observe(0.61, 1, 2)
 
 
 def test_only_a_measured_plan_of_several_threads_gets_a_guard() -> None:
