@@ -68,6 +68,20 @@ def rubric_reward(settings: Settings, pairs: list[Any], judge: Any, say: Say = l
     return RubricReward({p.question: p for p in pairs}, scorer)
 
 
+def verifiable_judge(judge: Any, cfg: TrainConfig, questions: list[str], say: Say = lambda _m: None) -> Any:
+    """`judge` with the verifiable Answer-stage term (learning/judge/verifiable.py) for the pool's questions that
+    carry a gold answer in the question file; says how many do (none: every judgement records why nothing was
+    added)."""
+    from learning.eval.heldout import normalize_question
+    from learning.judge.verifiable import VerifiableJudge, load_golds
+
+    golds = load_golds(cfg.questions) if cfg.questions is not None else {}
+    have = sum(1 for q in questions if normalize_question(q) in golds)
+    say(f"verifiable reward term (weight {cfg.verifiable_weight:g}): {have} of {len(questions)} training questions "
+        "carry a gold answer" + ("; the others are judged as before" if have < len(questions) else ""))
+    return VerifiableJudge(judge, golds, cfg.verifiable_weight)
+
+
 def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: None) -> tuple[TrainerParts, Path]:
     """Everything `learning.grpo.train` needs, and the run folder."""
     from learning.local_policy import ensure_converted
@@ -99,6 +113,8 @@ def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: No
     judge = build_judge(settings, log, say)
     if cfg.judge == "llm" and judge.kind != "llm":
         raise ValueError("judge = 'llm' needs RUBRICEM_LEARNING__JUDGE__BASE_URL and __MODEL")
+    if cfg.verifiable_weight > 0:
+        judge = verifiable_judge(judge, cfg, train_q, say)
     reflection_judge = build_reflection_judge(settings, say)
 
     async def run_session(question: str, options: Any) -> tuple[str, Trajectory]:

@@ -4,7 +4,8 @@ reflection meta-policy on the same backbone.
 Objective. For each question, n rollouts run through the real agent graph; the stagewise judge scores each rollout's
 Plan, Research, Review and Answer stages R_{i,k} ∈ [0,1]. Stage returns G_{i,k} = Σ_{j≥k} Λ_{k,j} R_{i,j} (Λ causal,
 upper-triangular) are normalised per stage across the group, A_{i,k} = (G_{i,k} − mean) / (std + ε), and every
-sampled token of stage k gets A_{i,k}. The loss is PPO-clip with a KL3 penalty to the base model, as a token-level
+sampled token of stage k gets A_{i,k}. The loss is PPO-clip with a KL3 penalty to the policy the run started from
+(the init adapter, frozen; the base model for a fresh LoRA: learning/update.py), as a token-level
 masked mean (METHOD D5). Vanilla GRPO is the special case of one terminal score broadcast to every token
 (`credit = "answer-only"`): SS-GRPO differs by crediting each stage with its own score plus discounted credit from
 the later stages it enables.
@@ -403,8 +404,10 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
     metrics_path = run_dir / "metrics.jsonl"
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     lora = LoraSettings(r=cfg.lora_r, alpha=cfg.lora_alpha)
+    # The KL anchor is the policy this run starts from: the init adapter, frozen beside the trained copy (issue 45).
     model, tokenizer = load_trainable(parts.model_dir, lora=lora, dtype=cfg.dtype, adapter=cfg.init_adapter,
-                                      gradient_checkpointing=cfg.gradient_checkpointing, seed=cfg.seed)
+                                      gradient_checkpointing=cfg.gradient_checkpointing, seed=cfg.seed,
+                                      reference=cfg.beta > 0)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
     credit = cfg.credit if cfg.reward == "stagewise" else "answer-only"  # DeepRubric: one scalar, plain GRPO

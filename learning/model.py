@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TRAINED_ADAPTER = "default"  # PEFT's name for the adapter it creates or loads first: the one that trains
+REFERENCE_ADAPTER = "reference"  # the frozen copy of the starting adapter the KL term anchors to (learning.update)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +36,18 @@ def load_trainable(
     adapter: Path | None = None,
     gradient_checkpointing: bool = True,
     seed: int = 0,
+    reference: bool = False,
 ) -> tuple[Any, Any]:
     """(model, tokenizer): the base model with a trainable LoRA adapter (fresh, or `adapter` to continue from), or
-    the full model trainable when `lora` is None."""
+    the full model trainable when `lora` is None.
+
+    With `reference` and an `adapter`, the same adapter is also loaded a second time, frozen, as REFERENCE_ADAPTER:
+    the starting policy that RL's KL term anchors to (`learning.update.reference_context`). It shares the base
+    weights with the trained adapter (one copy of the base; a rank-16 SmolLM2 adapter adds 4.9M parameters), takes
+    no gradient, is never saved (`save_adapter` writes the trained adapter only) and is never checkpointed (the
+    checkpoint keeps the parameters that require grad): a resumed run loads it again from `adapter`, the same file.
+    A fresh adapter needs no copy: LoRA's B starts at zero, so the base with the adapter disabled is the start.
+    """
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -57,6 +68,10 @@ def load_trainable(
         warnings.simplefilter("ignore", FutureWarning)
         if adapter is not None:
             model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+            if reference:
+                model.load_adapter(str(adapter), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+                model.set_adapter(TRAINED_ADAPTER)
+                _freeze(model, REFERENCE_ADAPTER)
         else:
             torch.manual_seed(seed)  # LoRA A matrices are random: the same seed gives the same start
             config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -65,6 +80,13 @@ def load_trainable(
     if gradient_checkpointing:
         model.enable_input_require_grads()  # checkpointed blocks need a grad-requiring input when the base is frozen
     return model, tokenizer
+
+
+def _freeze(model: torch.nn.Module, adapter_name: str) -> None:
+    """No gradient for `adapter_name`'s parameters (PEFT names them `….<adapter_name>.weight`)."""
+    for name, p in model.named_parameters():
+        if f".{adapter_name}." in name:
+            p.requires_grad_(False)
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -82,7 +104,10 @@ def save_adapter(model: Any, out_dir: Path, meta: dict[str, Any] | None = None) 
     shutil.rmtree(tmp, ignore_errors=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        model.save_pretrained(str(tmp))
+        if REFERENCE_ADAPTER in (getattr(model, "peft_config", None) or {}):
+            model.save_pretrained(str(tmp), selected_adapters=[TRAINED_ADAPTER])  # never the frozen reference
+        else:
+            model.save_pretrained(str(tmp))
     if meta is not None:
         (tmp / "rubricem.json").write_text(json.dumps(meta, indent=2))
     if out_dir.exists():

@@ -84,6 +84,12 @@ class TrainConfig(BaseModel):
     seed: int = 0
     judge: Literal["auto", "offline", "llm"] = Field(
         default="auto", description="auto: the LLM judge when one is configured, else the offline judge.")
+    verifiable_weight: float = Field(
+        default=0.0, ge=0, le=1, description="Weight w of the verifiable term in the Answer-stage reward for training "
+        "questions that carry a gold answer (a .jsonl question file's 'answers' or 'answer', and optional "
+        "'gold_titles'): R_answer' = (1 - w) R_answer + w v, v the mean of the answer's token F1 and the share of "
+        "its references that are gold passages (learning/judge/verifiable.py). Recorded in every judgement "
+        "('verifiable'); 0 turns it off. Held-out evaluation never uses it.")
 
     @model_validator(mode="after")
     def _reward_needs_pairs(self) -> TrainConfig:

@@ -5,7 +5,13 @@ The loss is a token-level masked mean over every trainable token of the whole up
 masked mean is weighted by its share of the update's trainable tokens before backward, so splitting into
 micro-batches does not change the gradient. There is one optimizer step per batch, so the "old" policy is the current
 one: old log-probs are the gradient pass's own, detached (ρ = 1, the clip is inactive; no extra forward pass, as in
-TRL with one iteration). The reference policy is the base model: the LoRA adapter disabled (no second copy).
+TRL with one iteration). The reference policy is the policy RL starts from (METHOD's KL anchor): when training
+continues from an adapter (`rubricem train --init-adapter`, the online cycle from the live adapter, the learning curve
+from the SFT adapter) it is that adapter, loaded a second time and frozen beside the trained one
+(`learning.model.load_trainable(reference=True)`: no second copy of the base weights); for a fresh LoRA it is the
+base model with the adapter disabled, which is the same thing (LoRA's B starts at zero); a plain model is its own
+reference. Anchoring to the base instead, as this module did before issue 45, pulls an RL run from the SFT adapter
+back towards the model that cannot follow the scaffold: its KL was 1.35 per token at step 0, before any update.
 
 Which log-probs are π_old, and the train/inference mismatch. The update's π_old is the trainer's own recomputation,
 never the sampler's: the ratio ρ must compare the same kernels, or every token would be "off-policy" by the numeric
@@ -36,13 +42,14 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from learning.loss import policy_loss, tis_weights
+from learning.model import REFERENCE_ADAPTER
 from learning.sequences import Batch, TrainSequence, collate, micro_batches, response_logprobs
 
 
@@ -69,12 +76,31 @@ class UpdateStats:
 
 
 def reference_context(model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-    """The reference policy: a PEFT model with its adapter disabled; a plain model is its own reference.
+    """The reference policy: a PEFT model's frozen REFERENCE_ADAPTER when it has one (the adapter training started
+    from), else the PEFT model with its adapter disabled; a plain model is its own reference.
 
     A DDP/accelerate wrapper is looked through (`.module`), or the adapter would stay on and the KL would be 0.
     """
-    disable = getattr(getattr(model, "module", model), "disable_adapter", None)
+    inner = getattr(model, "module", model)
+    if REFERENCE_ADAPTER in (getattr(inner, "peft_config", None) or {}):
+        return _active_adapter(inner, REFERENCE_ADAPTER)
+    disable = getattr(inner, "disable_adapter", None)
     return disable() if callable(disable) else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _active_adapter(model: Any, name: str) -> Iterator[None]:
+    """Run with adapter `name` active, then switch back to the one that was; which parameters require grad is
+    restored too (PEFT's `set_adapter` marks the adapter it activates trainable and the others frozen)."""
+    previous = model.active_adapter
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    model.set_adapter(name)
+    try:
+        yield
+    finally:
+        model.set_adapter(previous)
+        for p, flag in flags:
+            p.requires_grad_(flag)
 
 
 @torch.no_grad()
@@ -101,7 +127,7 @@ def policy_update(
     """Train once on `seqs` (sequences without trainable tokens are dropped).
 
     Args:
-        model: the policy (a PEFT model for LoRA; its adapter-disabled self is the reference).
+        model: the policy (a PEFT model for LoRA; the reference is `reference_context`'s).
         optimizer: over the trainable parameters.
         seqs: training sequences with per-token advantages.
         pad_id: the tokenizer's padding id.

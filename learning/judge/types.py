@@ -104,6 +104,9 @@ class Judgement(BaseModel):
     failed_stages: int = 0
     fallback_answer_only: bool = False
     usage: Usage = Usage()
+    # What a judge with the verifiable option added to the Answer score (learning/judge/verifiable.py): the weight,
+    # the terms, and the Answer score before and after, or why nothing was added; None when the option is off.
+    verifiable: dict[str, Any] | None = None
 
     def stage_scores(self) -> dict[Stage, float | None]:
         """R_k per stage, with the answer-only fallback applied when every stage failed."""
