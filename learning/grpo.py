@@ -367,6 +367,13 @@ def _step_metrics(step: int, groups: Sequence[Group], counts: dict[str, int], ta
         all_scores = torch.cat([g.scores for g in groups])  # (N, K)
         for k, s in enumerate(STAGES):
             out[f"reward/{s}"] = round(float(all_scores[:, k].mean()), 4)
+        # How much the rollouts of one question differ (issue 45): the within-group SD, averaged over the groups, of
+        # the Answer score (what answer-only credits) and of the mean of the stages; 0 means no learning signal.
+        answer = STAGES.index("answer")
+        out["reward/group_sd_answer"] = round(sum(float(g.scores[:, answer].std(unbiased=False)) for g in groups)
+                                              / len(groups), 4)
+        out["reward/group_sd_total"] = round(sum(float(g.scores.mean(dim=1).std(unbiased=False)) for g in groups)
+                                             / len(groups), 4)
         terms = [t for g in groups for t in g.terms]
         for key in dict.fromkeys(k for t in terms for k in t):
             values = [t[key] for t in terms if key in t]

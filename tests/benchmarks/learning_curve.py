@@ -70,6 +70,7 @@ from learning.eval import curve  # noqa: E402
 from learning.eval.datasets import bench_spec  # noqa: E402
 from learning.eval.heldout import FIGURES, HeldoutItem, load_heldout, session_figures  # noqa: E402
 from learning.grpo import run_options, train  # noqa: E402
+from learning.threads import cpu_model  # noqa: E402
 from learning.train_config import TrainConfig, load_config  # noqa: E402
 from store.records import STAGES  # noqa: E402
 from store.session_log import SessionLog  # noqa: E402
@@ -104,6 +105,17 @@ class CurveOptions:
     engine: str = "llamacpp"
     dtype: str = "bfloat16"
     bank_reflections: int = 8  # reflections written into each run's bank before the injected evaluation (0: none)
+    init_samples: int = 0  # samples per question of the starting point (0: `samples`)
+    verifiable_weight: float = 0.0  # the judge's verifiable Answer-stage term in training (0: off)
+    rag: bool = False  # also evaluate the vanilla-RAG floor on the same questions (unit "rag")
+
+
+# The redesigned protocol (issue 45; docs/learning_curve/README.md says why each number): every unit is one whole
+# run (train 3 steps of 2 questions x 4 rollouts, then evaluate once), small enough to finish within 75 minutes of one
+# worker beside another and to be committed as it ends; the starting point is shared and measured with 2 samples.
+PROTOCOL_V2 = CurveOptions(steps=3, eval_every=3, samples=1, init_samples=2, batch_questions=2, rollouts=4,
+                           bank_reflections=0, verifiable_weight=0.5, rag=True)
+RAG = "rag"
 
 
 @dataclass(frozen=True)
@@ -113,15 +125,30 @@ class Unit:
     arm: str
     seed: int
     step: int
+    sample: int | None = None  # the starting point split into one unit per sample (`init_samples`): which one
 
     @property
     def run(self) -> str:
-        return INIT if self.arm == INIT else f"{self.arm}-s{self.seed}"
+        return self.arm if self.arm in (INIT, RAG) else f"{self.arm}-s{self.seed}"
+
+
+def samples_of(opts: CurveOptions, unit: Unit) -> range:
+    """The sample indices of the unit's evaluation. The shared start may take more samples than a run
+    (`init_samples`); it then comes as one unit per sample (`Unit.sample`, a file each), so each stays within a
+    unit's time and the two workers can share it; the floor takes as many."""
+    if unit.sample is not None:
+        return range(unit.sample, unit.sample + 1)
+    if unit.arm == INIT:
+        return range(opts.samples)
+    return range(opts.init_samples or opts.samples) if unit.arm == RAG else range(opts.samples)
+
+
 
 
 def plan(opts: CurveOptions) -> list[Unit]:
     """Every unit, in the order they run."""
-    units = [Unit(INIT, 0, 0)]
+    units = [Unit(INIT, 0, 0, s) for s in range(opts.init_samples)] if opts.init_samples else [Unit(INIT, 0, 0)]
+    units += [Unit(RAG, 0, 0)] if opts.rag else []
     for k in eval_steps(opts.steps, opts.eval_every)[1:]:
         units += [Unit(arm, seed, k) for seed in opts.seeds for arm in opts.arms]
     return units
@@ -131,7 +158,9 @@ def worker_of(opts: CurveOptions, unit: Unit, workers: int) -> int:
     """Which worker does `unit`: the starting policy's evaluation is worker 0's; the runs (seed-major, arms
     alternating) are dealt round-robin, so a run's units stay in one process, in order."""
     if unit.arm == INIT:
-        return 0
+        return 0 if unit.sample is None else unit.sample % workers
+    if unit.arm == RAG:
+        return min(1, workers - 1)
     runs = [f"{arm}-s{seed}" for seed in opts.seeds for arm in opts.arms]
     return runs.index(unit.run) % workers
 
@@ -187,17 +216,22 @@ def append_records(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
         os.fsync(f.fileno())
 
 
-def _has_all(records: Sequence[Mapping[str, Any]], items: Sequence[HeldoutItem], samples: int) -> bool:
+def _has_all(records: Sequence[Mapping[str, Any]], items: Sequence[HeldoutItem], samples: int | range) -> bool:
     have = {(r["item"], r["sample"]) for r in records}
-    return all((i.id, s) in have for i in items for s in range(samples))
+    return all((i.id, s) in have for i in items for s in _ids(samples))
 
 
-def complete(path: Path, items: Sequence[HeldoutItem], samples: int) -> bool:
+def _ids(samples: int | range) -> range:
+    """A sample count as the indices 0 … n-1; a range as it is."""
+    return samples if isinstance(samples, range) else range(samples)
+
+
+def complete(path: Path, items: Sequence[HeldoutItem], samples: int | range) -> bool:
     """Whether the evaluation file has every sample of every item."""
     return _has_all(read_records(path), items, samples)
 
 
-def finished_records(path: Path, items: Sequence[HeldoutItem], samples: int) -> list[dict[str, Any]]:
+def finished_records(path: Path, items: Sequence[HeldoutItem], samples: int | range) -> list[dict[str, Any]]:
     """The evaluation file's records when it has every sample of every item, else [] (a point in progress)."""
     records = read_records(path)
     return records if _has_all(records, items, samples) else []
@@ -213,8 +247,12 @@ def train_questions(runs: Path) -> Path:
     """The SFT training split's questions, as a question file for the trainer."""
     path = runs / "train_questions.jsonl"
     if not path.is_file():
-        qs = [e.question for name in ("hotpotqa", "musique") for e in bench_spec(name).loader(TRAIN_SPLIT)]
-        write_atomic(path, "".join(json.dumps({"question": q}) + "\n" for q in dict.fromkeys(qs)))
+        seen: dict[str, dict[str, Any]] = {}
+        for name in ("hotpotqa", "musique"):
+            for e in bench_spec(name).loader(TRAIN_SPLIT):
+                seen.setdefault(e.question, {"question": e.question, "answers": list(e.answers),
+                                             "gold_titles": list(e.metadata.get("supporting_titles") or ())})
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in seen.values()))
     return path
 
 
@@ -229,11 +267,13 @@ def make_config(opts: CurveOptions, unit: Unit, runs: Path) -> TrainConfig:
         temperature=opts.temperature, reflection=False, judge="offline", seed=unit.seed, format="exact_answer",
         gradient_checkpointing=False, dtype=opts.dtype, init_adapter=SFT_ADAPTER,
         checkpoint_every=1, keep_checkpoints=2,  # a kill loses at most the step in progress
+        verifiable_weight=opts.verifiable_weight,
     )
 
 
 def eval_path(runs: Path, unit: Unit, bank: bool = False) -> Path:
-    return runs / "eval" / unit.run / f"step-{unit.step}{'-bank' if bank else ''}.jsonl"
+    part = "" if unit.sample is None else f"-sample-{unit.sample}"  # each worker its own file: no shared appends
+    return runs / "eval" / unit.run / f"step-{unit.step}{part}{'-bank' if bank else ''}.jsonl"
 
 
 class HeldoutEvaluator:
@@ -249,10 +289,10 @@ class HeldoutEvaluator:
         self.judge = build_judge(settings, self.log)
         self.inject = bank is not None
 
-    async def run(self, cfg: TrainConfig, items: Sequence[HeldoutItem], samples: int, meta: Mapping[str, Any],
+    async def run(self, cfg: TrainConfig, items: Sequence[HeldoutItem], samples: int | range, meta: Mapping[str, Any],
                   say: Say) -> None:
         done = {(r["item"], r["sample"]) for r in read_records(self.path)}
-        todo = [i for i in items if any((i.id, s) not in done for s in range(samples))]
+        todo = [i for i in items if any((i.id, s) not in done for s in _ids(samples))]
         for n, item in enumerate(todo, 1):
             began = time.perf_counter()
             records = await self._question(cfg, item, samples, meta)
@@ -261,12 +301,12 @@ class HeldoutEvaluator:
             say(f"  {meta['run']}@{meta['step']}{' +bank' if self.inject else ''}: {n}/{len(todo)} {item.id} "
                 f"total {total:.3f} ({time.perf_counter() - began:.0f}s)")
 
-    async def _question(self, cfg: TrainConfig, item: HeldoutItem, samples: int, meta: Mapping[str, Any]
+    async def _question(self, cfg: TrainConfig, item: HeldoutItem, samples: int | range, meta: Mapping[str, Any]
                         ) -> list[dict[str, Any]]:
         base = {**meta, "item": item.id, "source": item.source, "inject": self.inject}
         outs: list[tuple[int, int, Any, float]] = []
         records: list[dict[str, Any]] = []
-        for s in range(samples):
+        for s in _ids(samples):
             seed = sampling_seed(item.id, s)
             opts: RunOptions = run_options(cfg, seed, "auto" if self.inject else "none").model_copy(
                 update={"format": item.format})
@@ -305,6 +345,35 @@ class HeldoutEvaluator:
         return sorted(records, key=lambda r: r["sample"])
 
 
+class RagEvaluator(HeldoutEvaluator):
+    """The floor (`rubricem eval --baseline rag`'s RagBaseline): one search with the question, the top k passages
+    in one prompt, one short answer, with the same held-out figures and sampling seeds as the agent. It has no
+    stages and cites nothing, so it gets no judge reward and a citation precision of 0 by the figures' definition
+    (learning/eval/heldout.py: a report citing nothing scores 0)."""
+
+    def __init__(self, settings: Settings, policy: Any, path: Path, k: int) -> None:
+        from learning.eval.baseline import RagBaseline
+
+        super().__init__(settings, policy, None, path)
+        self.baseline = RagBaseline(policy, self.service.tools["local_search"], k=k)
+
+    async def _question(self, cfg: TrainConfig, item: HeldoutItem, samples: int | range, meta: Mapping[str, Any]
+                        ) -> list[dict[str, Any]]:
+        base = {**meta, "item": item.id, "source": item.source, "inject": False}
+        records: list[dict[str, Any]] = []
+        for s in _ids(samples):
+            seed = sampling_seed(item.id, s)
+            opts = run_options(cfg, seed, "none")
+            began = time.perf_counter()
+            out = await self.baseline.run(item.question, opts)
+            records.append(base | {
+                "sample": s, "sampling_seed": seed, "session_id": out.session_id, "policy_version": out.policy_version,
+                "scores": {}, "figures": session_figures(item, out.trajectory, out.report),
+                "searched_titles": sorted({sn.title for sn in out.trajectory.snippets.values()}),
+                "cited_titles": [], "answer": out.report.body[:600], "seconds": round(time.perf_counter() - began, 1)})
+        return records
+
+
 async def fill_bank(settings: Settings, parts: Any, cfg: TrainConfig, n: int, run_dir: Path, say: Say) -> None:
     """The trained policy reflects on its own last `n` judged training rollouts; accepted reflections enter the run's
     bank (once: a marker file records it)."""
@@ -333,16 +402,19 @@ async def fill_bank(settings: Settings, parts: Any, cfg: TrainConfig, n: int, ru
 async def run_unit(opts: CurveOptions, settings: Settings, runs: Path, items: Sequence[HeldoutItem], unit: Unit,
                    say: Say) -> None:
     """Do whatever of the unit is not done yet."""
-    if unit.arm == INIT:
+    if unit.arm in (INIT, RAG):
         path = eval_path(runs, unit)
-        if complete(path, items, opts.samples):
+        n = samples_of(opts, unit)
+        if complete(path, items, n):
             return
         cfg = make_config(opts, Unit(ARMS[0], 0, 1), runs)  # only its research options are used
         policy = build_policy(settings, say)
         try:
-            say(f"evaluating the starting policy ({SFT_ADAPTER.name}) on {len(items)} held-out questions")
-            await HeldoutEvaluator(settings, policy, None, path).run(
-                cfg, items, opts.samples, {"run": INIT, "arm": INIT, "seed": None, "step": 0}, say)
+            what = "the vanilla-RAG floor" if unit.arm == RAG else "the starting policy"
+            say(f"evaluating {what} ({SFT_ADAPTER.name}) on {len(items)} held-out questions, sample(s) {list(n)}")
+            evaluator = (RagEvaluator(settings, policy, path, k=opts.snippets * opts.max_tool_calls)
+                         if unit.arm == RAG else HeldoutEvaluator(settings, policy, None, path))
+            await evaluator.run(cfg, items, n, {"run": unit.run, "arm": unit.arm, "seed": None, "step": 0}, say)
         finally:
             await policy.aclose()  # type: ignore[attr-defined]
         return
@@ -393,9 +465,13 @@ def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], c
     steps = eval_steps(opts.steps, opts.eval_every)
 
     def point(unit: Unit, bank: bool = False) -> list[dict[str, Any]]:
-        return finished_records(eval_path(runs, unit, bank), items, opts.samples)
+        return finished_records(eval_path(runs, unit, bank), items, samples_of(opts, unit))
 
-    init = point(Unit(INIT, 0, 0))
+    init = ([r for u in plan(opts) if u.arm == INIT for r in point(u)] if opts.init_samples
+            else point(Unit(INIT, 0, 0)))
+    if opts.init_samples and len({r["sample"] for r in init}) < opts.init_samples:
+        init = []  # the start counts once every sample of it is in
+    rag = point(Unit(RAG, 0, 0)) if opts.rag else []
     points = {(arm, seed, k): point(Unit(arm, seed, k)) for arm in opts.arms for seed in opts.seeds for k in steps[1:]}
     evals: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for arm in opts.arms:
@@ -429,6 +505,13 @@ def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], c
             pick = {arm: [r for r in evals[arm][last] if r["seed"] in both] for arm in (a, b)}
             finals[f"{a}_minus_{b}"] = {m: curve.paired(pick[b], pick[a], m) for m in curve.METRICS}
             finals["seeds_compared"] = sorted(both)
+    floor: dict[str, Any] = {}
+    if rag:
+        floor = {"metrics": {m: curve.mean_ci(rag, m) for m in FIGURES},
+                 "init_minus_rag": {m: curve.paired(rag, init, m) for m in FIGURES} if init else {}}
+        if last is not None:
+            floor |= {f"{arm}_minus_rag": {m: curve.paired(rag, evals[arm][last], m) for m in FIGURES}
+                      for arm in opts.arms}
     bank: dict[str, Any] = {}
     for arm in opts.arms:
         with_bank = [r for seed in opts.seeds for r in point(Unit(arm, seed, opts.steps), bank=True)]
@@ -458,10 +541,13 @@ def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], c
         "progress": {"units_done": done, "units_total": len(units),
                      "train_steps_done": {k: len(v) for k, v in train_rows.items()}},
         "heldout": {"questions": len(items), "with_gold_passages": sum(1 for i in items if i.gold_titles),
-                    "samples_per_question": opts.samples, "ids": [i.id for i in items]},
-        "curves": curves, "per_seed": per_seed, "final": finals, "bank_injection": bank,
-        "train": {run: [{k: r.get(k) for k in ("step", "seconds", "groups", "task/skipped", "task/loss",
+                    "samples_per_question": opts.samples,
+                    "start_samples_per_question": opts.init_samples or opts.samples,
+                    "ids": [i.id for i in items]},
+        "curves": curves, "per_seed": per_seed, "final": finals, "rag_floor": floor, "bank_injection": bank,
+        "train": {run: [{k: r.get(k) for k in ("step", "seconds", "groups", "task/skipped", "task/loss", "task/kl",
                                                  "task/sampler_kl", *(f"reward/{s}" for s in STAGES),
+                                                 "reward/group_sd_answer", "reward/group_sd_total",
                                                  "groups_skipped_same_score", "rollouts_failed")}
                         for r in rows] for run, rows in train_rows.items()},
     }
@@ -483,7 +569,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def unit_done(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], unit: Unit) -> bool:
-    if not complete(eval_path(runs, unit), items, opts.samples):
+    if not complete(eval_path(runs, unit), items, samples_of(opts, unit)):
         return False
     if unit.arm != INIT and unit.step == opts.steps and opts.bank_reflections > 0:
         return bank_empty(runs / "train" / unit.run) or complete(eval_path(runs, unit, bank=True), items,
@@ -583,6 +669,27 @@ def summary_md(report: Mapping[str, Any]) -> str:
                          f"; r(Δreward, Δfigure) over questions: "
                          + ", ".join(f"{f} {r}" for f, r in v["r"].items()))
         lines.append("")
+    floor = report.get("rag_floor") or {}
+    if floor:
+        figs = [m for m in SHOWN if m in FIGURES]
+        lines += ["## The vanilla-RAG floor (one search with the question, one short answer; it cites nothing, so its "
+                  "citation figures are 0 by definition)", "", "| | " + " | ".join(figs) + " |",
+                  "|---|" + "---|" * len(figs), "| RAG | " + " | ".join(_ci(floor["metrics"][m]) for m in figs) + " |"]
+        for key, d in floor.items():
+            if key.endswith("_minus_rag"):
+                lines.append(f"| {key.replace('_minus_', ' − ')} | " + " | ".join(_diff(d[m]) for m in figs) + " |")
+        lines.append("")
+    signal = training_signal(report.get("train") or {})
+    if signal:
+        lines += ["## Training signal (per run: groups whose rollouts all scored the same under the run's credit, "
+                  "the mean within-group SD of the Answer score and of the stage mean, the KL to the start per token "
+                  "at the first and last step)", "",
+                  "| run | groups | all the same | SD Answer | SD stage mean | KL first | KL last |",
+                  "|---|---|---|---|---|---|---|"]
+        for run, v in signal.items():
+            lines.append(f"| {run} | {v['groups']} | {v['same']} | {v['sd_answer']} | {v['sd_total']} | "
+                         f"{v['kl_first']} | {v['kl_last']} |")
+        lines.append("")
     for arm, d in (report.get("bank_injection") or {}).items():
         if arm.endswith("_fills"):
             lines.append(f"- {arm[:-6]} bank fills: " + "; ".join(
@@ -594,27 +701,54 @@ def summary_md(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], out: Path, command: str) -> dict:
-    """curve.json, curve.png, samples/ and train/ under `out` (rewritten from the run files), under a lock, so two
-    workers never interleave their copies or rename an older report over a newer one."""
+def training_signal(train: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per run: how many groups there were and how many carried no signal, the mean within-group spreads (rows
+    written before issue 45 have none: "–"), and the task KL at the first and the last step."""
+    def mean_of(rows: Sequence[Mapping[str, Any]], key: str) -> str:
+        vals = [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
+        return f"{statistics.fmean(vals):.3f}" if vals else "–"
+
+    out: dict[str, dict[str, Any]] = {}
+    for run, rows in train.items():
+        if not rows:
+            continue
+        kls = [r.get("task/kl") for r in rows]
+        out[run] = {"groups": sum(int(r.get("groups") or 0) for r in rows),
+                    "same": sum(int(r.get("groups_skipped_same_score") or 0) for r in rows),
+                    "sd_answer": mean_of(rows, "reward/group_sd_answer"),
+                    "sd_total": mean_of(rows, "reward/group_sd_total"),
+                    "kl_first": "–" if kls[0] is None else kls[0], "kl_last": "–" if kls[-1] is None else kls[-1]}
+    return out
+
+
+def write_outputs(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], out: Path, command: str,
+                  commit: str | None = None, say: Say = lambda _m: None) -> dict:
+    """curve.json, curve.png, samples/ and train/ under `out` (rewritten from the run files; finished units only),
+    under a lock, so two workers never interleave their copies or rename an older report over a newer one; with
+    `commit`, then committed with that message (still under the lock: the two workers' commits never race)."""
     import fcntl
 
     out.mkdir(parents=True, exist_ok=True)
     with (out / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _write_outputs(opts, runs, items, out, command)
+        report = _write_outputs(opts, runs, items, out, command)
+        if commit is not None:
+            commit_outputs(out, commit, say)
+        return report
 
 
 def _write_outputs(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], out: Path, command: str) -> dict:
     report = build_report(opts, runs, items, command)
-    for src in sorted((runs / "eval").glob("*/*.jsonl")):
+    done = [u for u in plan(opts) if unit_done(opts, runs, items, u)]  # a unit in progress never reaches OUT
+    for u in done:
+        src = eval_path(runs, u)
         dst = out / "samples" / src.parent.name / src.name
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dst)
-    for src in sorted((runs / "train").glob("*/metrics.jsonl")):
-        dst = out / "train" / f"{src.parent.name}.jsonl"
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dst)
+        rows = runs / "train" / u.run / "metrics.jsonl"
+        if u.arm not in (INIT, RAG) and rows.is_file():
+            (out / "train").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(rows, out / "train" / f"{u.run}.jsonl")
     write_atomic(out / "curve.json", json.dumps(report, indent=1, default=str))
     write_atomic(out / "summary.md", summary_md(report))
     tmp = out / f".curve.{os.getpid()}.tmp.png"
@@ -631,6 +765,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[CurveOptions, argpars
     p.add_argument("--out", type=Path, required=True, help="report folder (curve.json, curve.png, samples/, train/)")
     p.add_argument("--runs", type=Path, default=ROOT / ".cache" / "learning_curve",
                    help="state folder: run checkpoints, adapters, eval logs (resumable)")
+    p.add_argument("--protocol", choices=["v1", "v2"], default="v1",
+                   help="v2: the redesigned protocol of issue 45 (PROTOCOL_V2: whole runs of 3 steps x 2 questions x "
+                        "4 rollouts with the verifiable term, evaluated once with 1 sample; the start with 2; the RAG "
+                        "floor); v1: the protocol of issue 38 (20 steps of 1 question, evaluated every 5)")
+    p.add_argument("--commit", action="store_true",
+                   help="git-commit OUT after each finished unit (only OUT: nothing else is swept in)")
     p.add_argument("--quick", action="store_true", help="smoke preset: 1 seed, 2 steps, eval every 1, 2 questions, "
                    "1 sample, 2 rollouts, small caps, 1 reflection into the bank")
     p.add_argument("--seeds", help="comma-separated training seeds (default 0,1,2)")
@@ -649,7 +789,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[CurveOptions, argpars
     p.add_argument("--worker", type=int, default=0, help="which worker this process is, 0 … workers-1")
     p.add_argument("--threads", type=int, help="threads per process for torch and llama.cpp (default: CPUs / workers)")
     a = p.parse_args(argv)
-    opts = CurveOptions()
+    opts = PROTOCOL_V2 if a.protocol == "v2" else CurveOptions()
     if a.quick:
         opts = replace(opts, seeds=(0,), steps=2, eval_every=1, samples=1, items=2, rollouts=2, bank_reflections=1,
                        caps=(96, 48, 64, 96), max_tool_calls=1)
@@ -669,6 +809,38 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[CurveOptions, argpars
     if opts.steps < 1 or opts.eval_every < 1 or opts.samples < 1 or not opts.seeds:
         p.error("--steps, --eval-every and --samples must be at least 1, with at least one seed")
     return opts, a
+
+
+def seed_state(runs: Path, out: Path) -> int:
+    """Copy the finished units' files of OUT (what was committed) into a state folder that lacks them: on a new
+    machine the state folder is empty, and the units that OUT holds must count as done, never be redone. A file the
+    state folder already has is left alone. Returns how many files were copied."""
+    copied = 0
+    for src in sorted((out / "samples").glob("*/*.jsonl")):
+        dst = runs / "eval" / src.parent.name / src.name
+        if not dst.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            copied += 1
+    for src in sorted((out / "train").glob("*.jsonl")):
+        dst = runs / "train" / src.stem / "metrics.jsonl"
+        if not dst.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            copied += 1
+    return copied
+
+
+def commit_outputs(out: Path, message: str, say: Say) -> None:
+    """Commit OUT (and nothing else: the pathspec limits the commit to it) so the finished unit outlives the machine.
+    A failure is said, never fatal: the files are on disk and the next unit's commit takes them too."""
+    add = subprocess.run(["git", "-C", str(out), "add", "--", "."], capture_output=True, text=True, check=False)
+    done = subprocess.run(["git", "-C", str(out), "commit", "-q", "-m", message, "--", "."],
+                          capture_output=True, text=True, check=False) if add.returncode == 0 else add
+    if done.returncode != 0:
+        say(f"git commit of {out} failed: {(done.stderr or done.stdout).strip()[-300:]}")
+    else:
+        say(f"committed {out}: {message}")
 
 
 def check_options(runs: Path, opts: CurveOptions) -> None:
@@ -701,6 +873,9 @@ async def main_async(opts: CurveOptions, a: argparse.Namespace) -> dict[str, Any
     def say(message: str) -> None:
         print(f"[{time.perf_counter() - began:8.1f}s] {message}", file=sys.stderr, flush=True)
 
+    copied = seed_state(runs, a.out)  # the committed units count as done on a new machine
+    if copied:
+        say(f"took {copied} file(s) of finished units from {a.out} into {runs}")
     if a.report_only:
         return write_outputs(opts, runs, items, a.out, command)
     threads = a.threads or max(1, (os.cpu_count() or 1) // a.workers)
@@ -716,8 +891,19 @@ async def main_async(opts: CurveOptions, a: argparse.Namespace) -> dict[str, Any
         if worker_of(opts, unit, a.workers) != a.worker or unit_done(opts, runs, items, unit):
             continue
         say(f"unit {n}/{len(units)}: {unit.run} step {unit.step}")
+        began_unit = time.perf_counter()
         await run_unit(opts, settings, runs, items, unit, say)
-        write_outputs(opts, runs, items, a.out, command)
+        minutes = (time.perf_counter() - began_unit) / 60
+        say(f"unit {unit.run} step {unit.step} done in {minutes:.1f} min")
+        a.out.mkdir(parents=True, exist_ok=True)
+        with (a.out / "units.jsonl").open("a", encoding="utf-8") as f:  # one line, one write: the workers share it
+            f.write(json.dumps({"run": unit.run, "step": unit.step, "minutes": round(minutes, 1),
+                                "worker": a.worker, "workers": a.workers, "threads": threads, "commit": COMMIT,
+                                "cpu": cpu_model(), "finished": time.strftime(
+                                    "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+        write_outputs(opts, runs, items, a.out, command, commit=(
+            f"Learning curve ({a.protocol}): unit {unit.run} step {unit.step} done ({minutes:.0f} min, worker "
+            f"{a.worker + 1}/{a.workers})") if a.commit else None, say=say)
         worked += 1
         if a.max_units and worked >= a.max_units:
             say(f"stopping after {worked} unit(s) (--max-units)")

@@ -114,6 +114,79 @@ def test_the_report_pools_complete_seeds_and_tests_the_last_common_step(lc: Modu
     assert "| ss-grpo − init |" in md and "reward hacking of the offline judge: **yes**" in md
 
 
+def test_protocol_v2_plans_whole_runs_with_the_floor_and_only_finished_units_reach_out(lc: ModuleType,
+                                                                                       tmp_path: Path) -> None:
+    """Issue 45: one unit per run (trained, then evaluated once), the start with more samples, the RAG floor; OUT
+    holds finished units only, and a new machine's empty state folder takes them from OUT (never redone)."""
+    from learning.eval.heldout import load_heldout
+
+    opts, _ = lc.parse_args(["--out", str(tmp_path / "out"), "--protocol", "v2"])
+    units = lc.plan(opts)
+    assert [u.run for u in units] == ["init", "init", "rag", "ss-grpo-s0", "answer-only-s0", "ss-grpo-s1",
+                                      "answer-only-s1", "ss-grpo-s2", "answer-only-s2"]
+    assert all(u.step == opts.steps == 3 for u in units[3:])
+    assert [lc.worker_of(opts, u, 2) for u in units] == [0, 1, 1, 0, 1, 0, 1, 0, 1]
+    assert [lc.samples_of(opts, u) for u in units[:4]] == [range(0, 1), range(1, 2), range(2), range(1)]
+    assert lc.eval_path(tmp_path, units[0]) != lc.eval_path(tmp_path, units[1])  # each start unit its own file
+    units = units[:2] + units[3:]  # the start's two units, then the runs'
+    (tmp_path / "runs").mkdir()
+    cfg = lc.make_config(opts, units[2], tmp_path / "runs")
+    assert cfg.verifiable_weight == 0.5 and (cfg.batch_questions, cfg.rollouts, cfg.steps) == (2, 4, 3)
+    golds = [json.loads(line) for line in cfg.questions.read_text().splitlines()]  # type: ignore[union-attr]
+    assert len(golds) == 128 and all(g["answers"] and g["gold_titles"] for g in golds)
+
+    items = load_heldout()[:3]
+    opts = replace(opts, items=3)
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    init = units[0]
+    path = lc.eval_path(runs, init)
+    path.parent.mkdir(parents=True)
+    recs = [r for r in _records("init", "init", None, 0, items, 0.4, 0.3) if r["sample"] == 0]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    half = lc.eval_path(runs, units[2])  # ss-grpo-s0 in progress: one question of three
+    half.parent.mkdir(parents=True)
+    half.write_text(json.dumps(_records("ss-grpo-s0", "ss-grpo", 0, 3, items, 0.5, 0.3)[0]) + "\n")
+    lc.write_outputs(opts, runs, items, out, "cmd")
+    assert (out / "samples" / "init" / "step-0-sample-0.jsonl").is_file()
+    assert lc.build_report(opts, runs, items, "cmd")["curves"]["ss-grpo"]["steps"] == []  # the start needs both
+    assert not (out / "samples" / "ss-grpo-s0").exists()  # a unit in progress never reaches OUT
+
+    fresh = tmp_path / "new-machine"
+    assert lc.seed_state(fresh, out) == 1
+    assert lc.unit_done(opts, fresh, items, init) and not lc.unit_done(opts, fresh, items, units[2])
+    assert lc.seed_state(fresh, out) == 0  # what the state folder has is left alone
+
+
+def test_commit_outputs_commits_the_report_folder_and_nothing_else(lc: ModuleType, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    out = repo / "docs" / "curve"
+    out.mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.email=t@example.org", "-c", "user.name=t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    (repo / "code.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "code.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    (repo / "code.py").write_text("x = 2  # work in progress\n")
+    subprocess.run([*git, "add", "code.py"], check=True)  # even a staged change elsewhere stays out
+    (out / "summary.md").write_text("results\n")
+    said: list[str] = []
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.org"}
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        lc.commit_outputs(out, "unit done", said.append)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert said and said[0].startswith("committed"), said
+    shown = subprocess.run([*git, "show", "--name-only", "--format=%s", "HEAD"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert shown[:2] == ["unit", "done"] and "docs/curve/summary.md" in shown and "code.py" not in shown
+    lc.commit_outputs(tmp_path / "not-a-repo", "x", said.append)  # a failure is said, never raised
+    assert "failed" in said[-1]
+
+
 @pytest.mark.slow
 def test_a_run_killed_mid_step_resumes_without_repeating_or_losing_a_step(smollm2_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp")

@@ -34,7 +34,8 @@ def _train(model: object, tokenizer: object, steps: int, lr: float = 1e-4) -> li
     seqs = _sequences(tokenizer)
     kls = []
     for _ in range(steps):
-        stats = policy_update(model, opt, seqs, pad_id=int(tokenizer.pad_token_id), beta=0.001)  # type: ignore[arg-type, attr-defined]
+        pad = int(tokenizer.pad_token_id)  # type: ignore[attr-defined]
+        stats = policy_update(model, opt, seqs, pad_id=pad, beta=0.001)  # type: ignore[arg-type]
         assert stats.skipped is None, stats.skipped
         kls.append(stats.metrics["kl"])
     return kls
@@ -50,9 +51,10 @@ def from_adapter(smollm2_dir: Path) -> tuple[object, object]:
 def test_kl_is_zero_at_the_start_from_an_adapter_and_grows_as_it_moves(from_adapter: tuple[object, object],
                                                                       tmp_path: Path) -> None:
     model, tokenizer = from_adapter
-    ref_before = {n: p.detach().clone() for n, p in model.named_parameters() if f".{REFERENCE_ADAPTER}." in n}  # type: ignore[attr-defined]
+    named = dict(model.named_parameters())  # type: ignore[attr-defined]
+    ref_before = {n: p.detach().clone() for n, p in named.items() if f".{REFERENCE_ADAPTER}." in n}
     assert ref_before, "the reference adapter was not loaded"
-    assert not any(p.requires_grad for n, p in model.named_parameters() if f".{REFERENCE_ADAPTER}." in n)  # type: ignore[attr-defined]
+    assert not any(named[n].requires_grad for n in ref_before)
     n_trained = sum(p.numel() for p in trainable_parameters(model))  # type: ignore[arg-type]
     n_ref = sum(t.numel() for t in ref_before.values())
     assert n_trained == n_ref  # the optimizer sees the trained adapter only, and the copy is the adapter's size
