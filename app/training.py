@@ -113,6 +113,7 @@ def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: No
     judge = build_judge(settings, log, say)
     if cfg.judge == "llm" and judge.kind != "llm":
         raise ValueError("judge = 'llm' needs RUBRICEM_LEARNING__JUDGE__BASE_URL and __MODEL")
+    plain_judge = judge  # the DeepRubric scorer reads the LLM judge's client, which the wrapper below does not have
     if cfg.verifiable_weight > 0:
         judge = verifiable_judge(judge, cfg, train_q, say)
     reflection_judge = build_reflection_judge(settings, say)
@@ -137,5 +138,5 @@ def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: No
 
         parts.persistent = persistent_by_question(pairs)
         if cfg.reward == "deeprubric":
-            parts.rubric_reward = rubric_reward(settings, pairs, judge, say)
+            parts.rubric_reward = rubric_reward(settings, pairs, plain_judge, say)
     return parts, folder

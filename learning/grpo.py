@@ -4,9 +4,9 @@ reflection meta-policy on the same backbone.
 Objective. For each question, n rollouts run through the real agent graph; the stagewise judge scores each rollout's
 Plan, Research, Review and Answer stages R_{i,k} ∈ [0,1]. Stage returns G_{i,k} = Σ_{j≥k} Λ_{k,j} R_{i,j} (Λ causal,
 upper-triangular) are normalised per stage across the group, A_{i,k} = (G_{i,k} − mean) / (std + ε), and every
-sampled token of stage k gets A_{i,k}. The loss is PPO-clip with a KL3 penalty to the policy the run started from
-(the init adapter, frozen; the base model for a fresh LoRA: learning/update.py), as a token-level
-masked mean (METHOD D5). Vanilla GRPO is the special case of one terminal score broadcast to every token
+sampled token of stage k gets A_{i,k}. The loss is PPO-clip with a KL3 penalty to the policy the run started
+from (the init adapter, frozen; the base model for a fresh LoRA: learning/update.py), as a token-level masked mean
+(METHOD D5). Vanilla GRPO is the special case of one terminal score broadcast to every token
 (`credit = "answer-only"`): SS-GRPO differs by crediting each stage with its own score plus discounted credit from
 the later stages it enables.
 
@@ -323,6 +323,29 @@ async def _rubric_reward_group(parts: TrainerParts, question: str, sids: list[st
                  [breakdowns[i].as_metrics() for i in kept])
 
 
+def start_digest(adapter: Path | None) -> str | None:
+    """The identity of the adapter a run starts from (its KL anchor): the SHA-256 of its weights file; None for a
+    fresh LoRA."""
+    if adapter is None:
+        return None
+    import hashlib
+
+    files = sorted(Path(adapter).glob("adapter_model.*"))
+    if not files:
+        raise TrainingError(f"{adapter}: no adapter_model weights file to start from")
+    return hashlib.sha256(files[0].read_bytes()).hexdigest()
+
+
+def check_start(state: Mapping[str, Any], anchor: str | None, run_dir: Path) -> None:
+    """Refuse to resume a run from another starting adapter than the one it began with: its trained weights would
+    come back with another KL anchor. Checkpoints written before the anchor was recorded are let through."""
+    if "start_adapter" in state and state["start_adapter"] != anchor:
+        began = "none" if state["start_adapter"] is None else f"weights sha256 {str(state['start_adapter'])[:12]}…"
+        now = "none" if anchor is None else f"{anchor[:12]}…"
+        raise TrainingError(f"{run_dir} began from another starting adapter ({began}) than this run's init_adapter "
+                            f"({now}): resume it with the adapter it began from, or use a new run folder")
+
+
 def _drop_rows_after(metrics_path: Path, step: int) -> None:
     """Keep only the metrics rows of steps up to `step`: a run killed between writing a step's row and its checkpoint
     redoes that step on resume, and must not log it twice."""
@@ -421,7 +444,9 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
     lam = credit_lambda(credit)
     start, deferred, resumed = 0, [], None
     ckpt = latest_checkpoint(run_dir / "checkpoints", on_skip=lambda m: _say(progress, m))
+    anchor = start_digest(cfg.init_adapter)
     if ckpt is not None:
+        check_start(ckpt.state, anchor, run_dir)  # before anything is restored
         state = ckpt.restore(accelerator, parts.log, parts.bank)
         start, deferred, resumed = state["step"] + 1, list(state.get("deferred", [])), state["step"]
         _say(progress, f"resumed from checkpoint step {state['step']}")
@@ -481,7 +506,7 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
             progress(row)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(run_dir / "checkpoints", step, accelerator, parts.log, parts.bank,
-                            {"step": step, "deferred": deferred, "version": version})
+                            {"step": step, "deferred": deferred, "version": version, "start_adapter": anchor})
             prune_checkpoints(run_dir / "checkpoints", cfg.keep_checkpoints)
     return TrainSummary(run_dir, cfg.steps - start, resumed, adapter, version, metrics_path, history)
 

@@ -44,8 +44,10 @@ def load_trainable(
     With `reference` and an `adapter`, the same adapter is also loaded a second time, frozen, as REFERENCE_ADAPTER:
     the starting policy that RL's KL term anchors to (`learning.update.reference_context`). It shares the base
     weights with the trained adapter (one copy of the base; a rank-16 SmolLM2 adapter adds 4.9M parameters), takes
-    no gradient, is never saved (`save_adapter` writes the trained adapter only) and is never checkpointed (the
-    checkpoint keeps the parameters that require grad): a resumed run loads it again from `adapter`, the same file.
+    no gradient, is never saved (`save_adapter` writes the trained adapter only) and is not in a plain accelerate
+    checkpoint (it keeps the parameters that require grad; DeepSpeed and FSDP save their whole state, it included,
+    harmlessly): a resumed run loads it again from `adapter`, and `learning.grpo` refuses a resume whose init
+    adapter is not the one the run started from.
     A fresh adapter needs no copy: LoRA's B starts at zero, so the base with the adapter disabled is the start.
     """
     from peft import LoraConfig, PeftModel, get_peft_model

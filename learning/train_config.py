@@ -96,6 +96,9 @@ class TrainConfig(BaseModel):
         if self.reward == "deeprubric" and self.questions is None:
             raise ValueError("reward = 'deeprubric' scores answers against query-rubric pairs: set questions to a "
                              "pairs.jsonl (rubricem deeprubric build writes one)")
+        if self.verifiable_weight > 0 and self.reward != "stagewise":
+            raise ValueError("verifiable_weight mixes into the stagewise judge's Answer score; reward = "
+                             f"'{self.reward}' never reads it: set verifiable_weight = 0 or reward = 'stagewise'")
         return self
 
 

@@ -94,8 +94,8 @@ def _active_adapter(model: Any, name: str) -> Iterator[None]:
     restored too (PEFT's `set_adapter` marks the adapter it activates trainable and the others frozen)."""
     previous = model.active_adapter
     flags = [(p, p.requires_grad) for p in model.parameters()]
-    model.set_adapter(name)
     try:
+        model.set_adapter(name)
         yield
     finally:
         model.set_adapter(previous)

@@ -73,9 +73,15 @@ def load_golds(path: Path) -> dict[str, Gold]:
             raise GoldFileError(f"{path}:{n}: not JSON ({exc.msg})") from exc
         if not isinstance(rec, dict) or not isinstance(rec.get("question"), str):
             continue  # the question loader reports these
-        answers = rec.get("answers", [rec["answer"]] if "answer" in rec else [])
+        if "answers" in rec:
+            answers, field = rec["answers"], "answers"
+        else:  # one `answer`; a blank one (DeepRubric writes "" for a pair without an answer) is no gold
+            single = rec.get("answer")
+            if single is not None and not isinstance(single, str):
+                raise GoldFileError(f"{path}:{n}: 'answer' must be text")
+            answers, field = ([single] if single and single.strip() else []), "answer"
         titles = rec.get("gold_titles", [])
-        for name, value in (("answers", answers), ("gold_titles", titles)):
+        for name, value in ((field, answers), ("gold_titles", titles)):
             if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
                 raise GoldFileError(f"{path}:{n}: '{name}' must be a list of non-empty strings")
         if answers:

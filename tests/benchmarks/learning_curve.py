@@ -143,8 +143,6 @@ def samples_of(opts: CurveOptions, unit: Unit) -> range:
     return range(opts.init_samples or opts.samples) if unit.arm == RAG else range(opts.samples)
 
 
-
-
 def plan(opts: CurveOptions) -> list[Unit]:
     """Every unit, in the order they run."""
     units = [Unit(INIT, 0, 0, s) for s in range(opts.init_samples)] if opts.init_samples else [Unit(INIT, 0, 0)]
@@ -524,14 +522,14 @@ def build_report(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], c
             ids = {r["run"] for r in with_bank}
             bank[arm] = {m: curve.paired([r for r in without if r["run"] in ids], with_bank, m)
                          for m in curve.METRICS}
-    train_rows = {}
-    for arm in opts.arms:
-        for seed in opts.seeds:
-            rows = json_lines(runs / "train" / f"{arm}-s{seed}" / "metrics.jsonl")
-            if rows:
-                train_rows[f"{arm}-s{seed}"] = rows
     units = plan(opts)
-    done = sum(1 for u in units if unit_done(opts, runs, items, u))
+    finished = [u for u in units if unit_done(opts, runs, items, u)]
+    done = len(finished)
+    train_rows = {}  # the rows of runs that have finished a unit: a run still training is not reported (nor in OUT)
+    for run in dict.fromkeys(u.run for u in finished if u.arm not in (INIT, RAG)):
+        rows = json_lines(runs / "train" / run / "metrics.jsonl")
+        if rows:
+            train_rows[run] = rows
     return {
         "what": "held-out learning curve of SmolLM2-135M + the shipped SFT adapter: SS-GRPO against answer-only, "
                 "offline judge; held-out figures a small model can move (learning/eval/heldout.py)",
@@ -640,11 +638,14 @@ def _diff(d: Mapping[str, Any]) -> str:
 def summary_md(report: Mapping[str, Any]) -> str:
     """The report's tables in Markdown (summary.md): curves per arm, and the paired tests at the last common step."""
     h = report["heldout"]
+    n_start = h.get("start_samples_per_question", h["samples_per_question"])
+    start = "" if n_start == h["samples_per_question"] else f", × {n_start} at the start and for the floor"
     lines = [
         "# Learning curve: results so far (written by tests/benchmarks/learning_curve.py; do not edit)", "",
         f"Units done: {report['progress']['units_done']}/{report['progress']['units_total']}; training steps done "
         f"per run: {report['progress']['train_steps_done'] or 'none yet'}. Held-out: {h['questions']} questions "
-        f"({h['with_gold_passages']} with gold passages) × {h['samples_per_question']} samples. Each cell: mean over "
+        f"({h['with_gold_passages']} with gold passages) × {h['samples_per_question']} sample(s) per run{start}. "
+        "Each cell: mean over "
         "questions [95 % bootstrap interval]; a step's cell pools every seed whose evaluation is complete.", ""]
     for arm, c in report["curves"].items():
         lines += [f"## {arm}", "", "| step | seeds | " + " | ".join(SHOWN) + " |",
@@ -671,7 +672,7 @@ def summary_md(report: Mapping[str, Any]) -> str:
         lines.append("")
     floor = report.get("rag_floor") or {}
     if floor:
-        figs = [m for m in SHOWN if m in FIGURES]
+        figs = [m for m in SHOWN if m in FIGURES and m != "boxed"]  # it is never asked to box its answer
         lines += ["## The vanilla-RAG floor (one search with the question, one short answer; it cites nothing, so its "
                   "citation figures are 0 by definition)", "", "| | " + " | ".join(figs) + " |",
                   "|---|" + "---|" * len(figs), "| RAG | " + " | ".join(_ci(floor["metrics"][m]) for m in figs) + " |"]
@@ -721,30 +722,40 @@ def training_signal(train: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[st
     return out
 
 
-def write_outputs(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], out: Path, command: str,
-                  commit: str | None = None, say: Say = lambda _m: None) -> dict:
-    """curve.json, curve.png, samples/ and train/ under `out` (rewritten from the run files; finished units only),
-    under a lock, so two workers never interleave their copies or rename an older report over a newer one; with
-    `commit`, then committed with that message (still under the lock: the two workers' commits never race)."""
+def locked(out: Path, work: Callable[[], Any]) -> Any:
+    """Run `work` holding OUT/.lock, the workers' one lock over OUT and the state they copy from it."""
     import fcntl
 
     out.mkdir(parents=True, exist_ok=True)
     with (out / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        return work()
+
+
+def write_outputs(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], out: Path, command: str,
+                  commit: str | None = None, say: Say = lambda _m: None) -> dict:
+    """curve.json, curve.png, samples/ and train/ under `out` (rewritten from the run files; finished units only),
+    under a lock, so two workers never interleave their copies or rename an older report over a newer one; with
+    `commit`, then committed with that message (still under the lock: the two workers' commits never race)."""
+    def work() -> dict:
         report = _write_outputs(opts, runs, items, out, command)
         if commit is not None:
             commit_outputs(out, commit, say)
         return report
+
+    return locked(out, work)
 
 
 def _write_outputs(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem], out: Path, command: str) -> dict:
     report = build_report(opts, runs, items, command)
     done = [u for u in plan(opts) if unit_done(opts, runs, items, u)]  # a unit in progress never reaches OUT
     for u in done:
-        src = eval_path(runs, u)
-        dst = out / "samples" / src.parent.name / src.name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dst)
+        for src in (eval_path(runs, u), eval_path(runs, u, bank=True)):
+            if not src.is_file():
+                continue  # no bank evaluation (none asked, or the bank stayed empty)
+            dst = out / "samples" / src.parent.name / src.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
         rows = runs / "train" / u.run / "metrics.jsonl"
         if u.arm not in (INIT, RAG) and rows.is_file():
             (out / "train").mkdir(parents=True, exist_ok=True)
@@ -816,17 +827,12 @@ def seed_state(runs: Path, out: Path) -> int:
     machine the state folder is empty, and the units that OUT holds must count as done, never be redone. A file the
     state folder already has is left alone. Returns how many files were copied."""
     copied = 0
-    for src in sorted((out / "samples").glob("*/*.jsonl")):
-        dst = runs / "eval" / src.parent.name / src.name
+    pairs = [(src, runs / "eval" / src.parent.name / src.name) for src in sorted((out / "samples").glob("*/*.jsonl"))]
+    pairs += [(src, runs / "train" / src.stem / "metrics.jsonl") for src in sorted((out / "train").glob("*.jsonl"))]
+    for src, dst in pairs:
         if not dst.is_file():
             dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
-            copied += 1
-    for src in sorted((out / "train").glob("*.jsonl")):
-        dst = runs / "train" / src.stem / "metrics.jsonl"
-        if not dst.is_file():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
+            write_atomic(dst, src.read_text(encoding="utf-8"))  # the other worker never reads half a copy
             copied += 1
     return copied
 
@@ -851,6 +857,8 @@ def check_options(runs: Path, opts: CurveOptions) -> None:
         old = read_json(path)
         if old is None:
             raise SystemExit(f"{path} is unreadable; remove it only if {runs} holds no run of value")
+        defaults = json.loads(json.dumps(asdict(CurveOptions())))
+        old = {k: old.get(k, defaults.get(k)) for k in {**defaults, **old}}  # fields added since: their default
         if old != mine:
             diff = {k: (old.get(k), mine.get(k)) for k in {**old, **mine} if old.get(k) != mine.get(k)}
             raise SystemExit(f"{runs} holds a curve run with other options {diff}; use another --runs folder or the "
@@ -873,7 +881,7 @@ async def main_async(opts: CurveOptions, a: argparse.Namespace) -> dict[str, Any
     def say(message: str) -> None:
         print(f"[{time.perf_counter() - began:8.1f}s] {message}", file=sys.stderr, flush=True)
 
-    copied = seed_state(runs, a.out)  # the committed units count as done on a new machine
+    copied = locked(a.out, lambda: seed_state(runs, a.out))  # the committed units count as done on a new machine
     if copied:
         say(f"took {copied} file(s) of finished units from {a.out} into {runs}")
     if a.report_only:
@@ -894,15 +902,16 @@ async def main_async(opts: CurveOptions, a: argparse.Namespace) -> dict[str, Any
         began_unit = time.perf_counter()
         await run_unit(opts, settings, runs, items, unit, say)
         minutes = (time.perf_counter() - began_unit) / 60
-        say(f"unit {unit.run} step {unit.step} done in {minutes:.1f} min")
+        name = unit.run + ("" if unit.sample is None else f" sample {unit.sample}")
+        say(f"unit {name} step {unit.step} done in {minutes:.1f} min")
         a.out.mkdir(parents=True, exist_ok=True)
         with (a.out / "units.jsonl").open("a", encoding="utf-8") as f:  # one line, one write: the workers share it
-            f.write(json.dumps({"run": unit.run, "step": unit.step, "minutes": round(minutes, 1),
+            f.write(json.dumps({"run": unit.run, "step": unit.step, "sample": unit.sample, "minutes": round(minutes, 1),
                                 "worker": a.worker, "workers": a.workers, "threads": threads, "commit": COMMIT,
                                 "cpu": cpu_model(), "finished": time.strftime(
                                     "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
         write_outputs(opts, runs, items, a.out, command, commit=(
-            f"Learning curve ({a.protocol}): unit {unit.run} step {unit.step} done ({minutes:.0f} min, worker "
+            f"Learning curve ({a.protocol}): unit {name} step {unit.step} done ({minutes:.0f} min, worker "
             f"{a.worker + 1}/{a.workers})") if a.commit else None, say=say)
         worked += 1
         if a.max_units and worked >= a.max_units:

@@ -76,3 +76,15 @@ def test_gold_file_and_config(tmp_path: Path) -> None:
     assert isinstance(judge, VerifiableJudge) and judge.weight == 0.3 and judge.kind == "offline"
     assert said == ["verifiable reward term (weight 0.3): 2 of 3 training questions carry a gold answer; the others "
                     "are judged as before"]
+
+
+def test_blank_answers_are_no_gold_and_the_option_needs_the_stagewise_reward(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.jsonl"  # DeepRubric writes "answer": "" for a pair without one
+    path.write_text(json.dumps({"question": "Q one?", "answer": ""}) + "\n"
+                    + json.dumps({"question": "Q two?", "answer": "Paris"}) + "\n")
+    assert list(load_golds(path).values()) == [Gold(("Paris",))]
+    path.write_text(json.dumps({"question": "Q one?", "answer": 3}) + "\n")
+    with pytest.raises(GoldFileError, match=r"pairs.jsonl:1: 'answer' must be text"):
+        load_golds(path)
+    with pytest.raises(TrainConfigError, match="reward = 'deeprubric' never reads it"):
+        load_config(questions=path, reward="deeprubric", verifiable_weight=0.5)

@@ -151,10 +151,28 @@ def test_protocol_v2_plans_whole_runs_with_the_floor_and_only_finished_units_rea
     assert lc.build_report(opts, runs, items, "cmd")["curves"]["ss-grpo"]["steps"] == []  # the start needs both
     assert not (out / "samples" / "ss-grpo-s0").exists()  # a unit in progress never reaches OUT
 
+    rows = runs / "train" / "ss-grpo-s0" / "metrics.jsonl"  # a run still training: its rows stay out of the report
+    rows.parent.mkdir(parents=True)
+    rows.write_text(json.dumps({"step": 0, "groups": 2}) + "\n")
+    assert lc.build_report(opts, runs, items, "cmd")["train"] == {}
+    lc.write_outputs(opts, runs, items, out, "cmd")
+    assert not (out / "train").exists()
+
     fresh = tmp_path / "new-machine"
     assert lc.seed_state(fresh, out) == 1
     assert lc.unit_done(opts, fresh, items, init) and not lc.unit_done(opts, fresh, items, units[2])
     assert lc.seed_state(fresh, out) == 0  # what the state folder has is left alone
+
+
+def test_a_state_folder_from_before_a_new_option_still_matches_its_defaults(lc: ModuleType, tmp_path: Path) -> None:
+    opts = lc.CurveOptions()
+    old = json.loads(json.dumps(lc.asdict(opts)))
+    for added in ("init_samples", "verifiable_weight", "rag"):
+        del old[added]
+    (tmp_path / "options.json").write_text(json.dumps(old))
+    lc.check_options(tmp_path, opts)  # the fields it lacks compare as their defaults
+    with pytest.raises(SystemExit, match="other options"):
+        lc.check_options(tmp_path, lc.PROTOCOL_V2)
 
 
 def test_commit_outputs_commits_the_report_folder_and_nothing_else(lc: ModuleType, tmp_path: Path) -> None:

@@ -92,3 +92,21 @@ def test_a_fresh_lora_is_anchored_to_the_base_and_starts_at_zero(smollm2_dir: Pa
     kls = _train(model, tokenizer, steps=3)
     assert kls[0] == pytest.approx(0.0, abs=1e-6), kls
     assert kls[2] > 1e-5, kls
+
+
+def test_a_resume_from_another_starting_adapter_is_refused(tmp_path: Path) -> None:
+    from learning.grpo import TrainingError, check_start, start_digest
+
+    sft = start_digest(SFT_ADAPTER)
+    assert sft is not None and sft == start_digest(SFT_ADAPTER) and start_digest(None) is None
+    check_start({"step": 3, "start_adapter": sft}, sft, tmp_path)  # the same start: resumes
+    check_start({"step": 3}, sft, tmp_path)  # a checkpoint from before the anchor was recorded: resumes
+    with pytest.raises(TrainingError, match="began from another starting adapter"):
+        check_start({"step": 3, "start_adapter": sft}, None, tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "adapter_model.safetensors").write_bytes(b"not the same weights")
+    with pytest.raises(TrainingError, match=r"\(weights sha256 .*\) than this run's init_adapter"):
+        check_start({"step": 3, "start_adapter": sft}, start_digest(other), tmp_path)
+    with pytest.raises(TrainingError, match="no adapter_model weights file"):
+        start_digest(tmp_path)
