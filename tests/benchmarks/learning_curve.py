@@ -774,8 +774,9 @@ def _write_outputs(opts: CurveOptions, runs: Path, items: Sequence[HeldoutItem],
 def parse_args(argv: Sequence[str] | None = None) -> tuple[CurveOptions, argparse.Namespace]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="report folder (curve.json, curve.png, samples/, train/)")
-    p.add_argument("--runs", type=Path, default=ROOT / ".cache" / "learning_curve",
-                   help="state folder: run checkpoints, adapters, eval logs (resumable)")
+    p.add_argument("--runs", type=Path, default=None,
+                   help="state folder: run checkpoints, adapters, eval logs (resumable; default "
+                        ".cache/learning_curve, .cache/learning_curve_v2 for --protocol v2)")
     p.add_argument("--protocol", choices=["v1", "v2"], default="v1",
                    help="v2: the redesigned protocol of issue 45 (PROTOCOL_V2: whole runs of 3 steps x 2 questions x "
                         "4 rollouts with the verifiable term, evaluated once with 1 sample; the start with 2; the RAG "
@@ -800,6 +801,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[CurveOptions, argpars
     p.add_argument("--worker", type=int, default=0, help="which worker this process is, 0 … workers-1")
     p.add_argument("--threads", type=int, help="threads per process for torch and llama.cpp (default: CPUs / workers)")
     a = p.parse_args(argv)
+    if a.runs is None:
+        a.runs = ROOT / ".cache" / ("learning_curve_v2" if a.protocol == "v2" else "learning_curve")
     opts = PROTOCOL_V2 if a.protocol == "v2" else CurveOptions()
     if a.quick:
         opts = replace(opts, seeds=(0,), steps=2, eval_every=1, samples=1, items=2, rollouts=2, bank_reflections=1,

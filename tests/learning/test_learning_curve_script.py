@@ -120,7 +120,8 @@ def test_protocol_v2_plans_whole_runs_with_the_floor_and_only_finished_units_rea
     holds finished units only, and a new machine's empty state folder takes them from OUT (never redone)."""
     from learning.eval.heldout import load_heldout
 
-    opts, _ = lc.parse_args(["--out", str(tmp_path / "out"), "--protocol", "v2"])
+    opts, args = lc.parse_args(["--out", str(tmp_path / "out"), "--protocol", "v2"])
+    assert args.runs.name == "learning_curve_v2"  # never the first protocol's state folder
     units = lc.plan(opts)
     assert [u.run for u in units] == ["init", "init", "rag", "ss-grpo-s0", "answer-only-s0", "ss-grpo-s1",
                                       "answer-only-s1", "ss-grpo-s2", "answer-only-s2"]
