@@ -70,10 +70,8 @@ def load_trainable(
         warnings.simplefilter("ignore", FutureWarning)
         if adapter is not None:
             model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
-            if reference:
+            if reference:  # is_trainable=False: PEFT loads it frozen and leaves the trained adapter active
                 model.load_adapter(str(adapter), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
-                model.set_adapter(TRAINED_ADAPTER)
-                _freeze(model, REFERENCE_ADAPTER)
         else:
             torch.manual_seed(seed)  # LoRA A matrices are random: the same seed gives the same start
             config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -82,13 +80,6 @@ def load_trainable(
     if gradient_checkpointing:
         model.enable_input_require_grads()  # checkpointed blocks need a grad-requiring input when the base is frozen
     return model, tokenizer
-
-
-def _freeze(model: torch.nn.Module, adapter_name: str) -> None:
-    """No gradient for `adapter_name`'s parameters (PEFT names them `….<adapter_name>.weight`)."""
-    for name, p in model.named_parameters():
-        if f".{adapter_name}." in name:
-            p.requires_grad_(False)
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -114,9 +114,15 @@ def session_figures(item: HeldoutItem, trajectory: Trajectory, report: Report) -
         "gold_recall": None, "citation_precision": None, "citation_recall": None,
     }  # fmt: skip
     if item.gold_titles:
-        gold = {t.strip().casefold() for t in item.gold_titles}
         out["gold_recall"] = support_recall(item.gold_titles, [s.title for s in trajectory.snippets.values()])
-        hits = [t for t in cited if t.strip().casefold() in gold]
-        out["citation_precision"] = len(hits) / len(cited) if cited else 0.0
+        out["citation_precision"] = gold_share(item.gold_titles, cited)
         out["citation_recall"] = support_recall(item.gold_titles, cited) if cited else 0.0
     return out
+
+
+def gold_share(gold_titles: Sequence[str], cited_titles: Sequence[str]) -> float:
+    """The share of the cited titles that are gold (compared stripped and case-folded); 0 when nothing is cited,
+    so dropping citations can never raise it. The held-out citation precision, and the verifiable training term's
+    `cited_gold` (learning/judge/verifiable.py), so the two never drift apart."""
+    gold = {t.strip().casefold() for t in gold_titles}
+    return sum(1 for t in cited_titles if t.strip().casefold() in gold) / len(cited_titles) if cited_titles else 0.0

@@ -14,7 +14,8 @@ With weight w > 0, for a question with a gold answer:
   almost always 0 (the held-out start scored 0.000), F1 gives partial credit for a partly right answer, and it is 1
   whenever the answer is exactly right.
 - `cited_gold`: the share of the report's references that are gold passages (0 when it cites nothing: dropping
-  citations must never pay); only for questions that name their gold passages.
+  citations must never pay), computed as the held-out citation precision is (`learning.eval.heldout.gold_share`);
+  only for questions that name their gold passages.
 
 Every judgement of a judge built with the option records what was done in `Judgement.verifiable`: the weight, the
 terms and v, the Answer score before and after, or why nothing was added (no gold answer for the question; no
@@ -33,7 +34,7 @@ from typing import Any
 
 from agent.report import build_report
 from learning.errors import LearningError
-from learning.eval.heldout import normalize_question
+from learning.eval.heldout import gold_share, normalize_question
 from learning.eval.scoring import extract_prediction, short_form_scores
 from learning.judge.types import Judgement, JudgeKind, Rubric, StageResult, TrajectoryJudge
 from store.records import Trajectory
@@ -95,9 +96,7 @@ def verifiable_terms(trajectory: Trajectory, gold: Gold) -> dict[str, float]:
     body = report.body if report.answer_found else ""
     terms = {"answer_f1": short_form_scores(extract_prediction(body), gold.answers)["f1"] if body else 0.0}
     if gold.titles:
-        wanted = {t.strip().casefold() for t in gold.titles}
-        cited = [s.title.strip().casefold() for s in report.references]
-        terms["cited_gold"] = sum(1 for t in cited if t in wanted) / len(cited) if cited else 0.0
+        terms["cited_gold"] = gold_share(gold.titles, [s.title for s in report.references])
     return terms
 
 
