@@ -322,7 +322,9 @@ def batch(server: LocalVLLMServer, tmp: Path, model_dir: Path, levels: list[int]
         tokens = sum(_sampled(log.get(s.session_id).trajectory.turns) for s in log.list_sessions(limit=100))
         rows.append({"engine": engine, "concurrency": level, "done": summary.done, "failed": summary.failed,
                      "seconds": round(summary.seconds, 1), "sampled_tokens": tokens,
-                     "tok_per_s": round(tokens / summary.seconds, 1)})
+                     "tok_per_s": round(tokens / summary.seconds, 1),
+                     "sessions_per_hour": round(3600 * summary.done / summary.seconds, 1),
+                     "embedded_engine": None if url else services.settings.agent.embedded_engine})
         say(f"batch {engine} c={level}: {rows[-1]}")
     return rows
 
