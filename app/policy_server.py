@@ -149,7 +149,7 @@ def spec_from_settings(settings: Settings, model_dir: Path | None = None, port: 
     if model_dir is None:
         model_dir = settings.agent.embedded_model_path
     if model_dir is None:
-        from learning.local_policy import ensure_converted
+        from learning.engines.weights import ensure_converted
 
         model_dir = ensure_converted(settings.store.model_cache)
     key = settings.agent.policy_api_key.get_secret_value() if settings.agent.policy_api_key else None

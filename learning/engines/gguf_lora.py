@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from learning.local_policy import AdapterLoadError
+from learning.engines.client import AdapterLoadError
 
 LORA_CONVERSION_FORMAT = 1  # bump to re-convert cached adapters
 _PROJECTIONS = {
