@@ -238,6 +238,17 @@ def failure_text(view: RunView) -> str:
     return f"The run failed (error reference: session `{sid}`; the details are in the session log)."
 
 
+def cycle_reason(status: str, cycle_id: str, reason: str | None) -> str:
+    """What the Learning page says about a retraining cycle's outcome. A failed cycle's stored reason is exception
+    text (hosts, paths) and every signed-in person may open the page: it gets a generic line whose reference is the
+    cycle, as a failed run's is its session (the operator reads the text in `rubricem versions` and the trainer's
+    log). Skips and gate decisions are the app's own sentences, shown as they are."""
+    if status != "failed":
+        return reason or ""
+    ref = re.sub(r"[^A-Za-z0-9_-]", "", cycle_id)
+    return f"The cycle failed (error reference: cycle {ref}; the details are in the retraining log)."
+
+
 def _note_text(kind: str, data: dict[str, object]) -> str:
     match kind:
         case "research_stopped":
