@@ -7,7 +7,9 @@ Who a caller is (issue 34): every MCP caller acts as one scoped identity, `RUBRI
 sessions `research` creates are owned by it, and `get_session` opens only that identity's sessions: anyone else's id
 gets the same "no session" answer as a missing one (`store.people.ScopedStore`), so the CLI's (`local`) and the UI
 users' history stay private. `search_bank` returns rubrics and takeaways, but the question text only of items made
-from that identity's own sessions: other people's questions are withheld, as they are from prompts.
+from that identity's own sessions: other people's questions are withheld, as they are from prompts, and their items
+on (nearly) the query are left out before the top k are taken, with similarities on a 0.1 grid (issue 46), so the
+answer does not tell whether someone asked it.
 
 Over HTTP: only an exact bind of 127.0.0.1, localhost or ::1 may run without a token (other local processes can
 reach it; web pages cannot, see below); any other address, 127.0.0.2 included, needs a bearer token
@@ -50,8 +52,8 @@ from app.service import RunFailedError
 from store.errors import SessionNotFound
 from store.owner import MCP, acting_as
 from store.people import ScopedStore, Viewer
-from store.records import SessionRecord, Snippet
-from store.rubric_bank import WITHHELD_QUESTION
+from store.records import BankHit as StoredHit, SessionRecord, Snippet
+from store.rubric_bank import WITHHELD_QUESTION, coarse_similarity
 from store.users import check_user_id
 
 _log = logging.getLogger(__name__)
@@ -463,21 +465,29 @@ def build_server(
         min_similarity: Annotated[float, Field(ge=0.0, le=1.0, description="Cosine similarity floor, 0 to 1.")] = 0.0,
     ) -> BankSearchResult:
         """Search the rubric bank: reflections (rubrics and takeaways) the agent wrote on earlier, judged questions,
-        most similar question first. The question text (and when it was written) is shown only for this server's
-        own sessions; others' are withheld, and their reflections on (nearly) the query itself are left out."""
+        most similar question first, similarities rounded down to 0.1. The question text (and when it was written)
+        is shown only for this server's own sessions; others' are withheld, and their reflections on (nearly) the
+        query itself are left out."""
         if not query.strip():
             raise ToolError("the query is empty")
-        hits = await asyncio.to_thread(services.bank.search, query, k)
         same = services.bank.config.dedup_similarity  # the bank's own "the same question in other words"
+
+        def others_near(found: Sequence[StoredHit]) -> set[str]:
+            # Someone else's reflection on (nearly) this very question would tell the caller that it was asked, and
+            # when: it is left out before the top k are taken, so the answer is the one a bank without it gives.
+            return {h.item.id for h in found if h.similarity >= same and not _owns(h.item.session_id)}
+
+        hits = await asyncio.to_thread(services.bank.search, query, k, hidden=others_near)
         out: list[BankHit] = []
         for h in hits:
+            # Compared and shown coarse: a floor or a similarity finer than the grid would let a caller bisect or
+            # climb towards a hidden question.
+            similarity = coarse_similarity(h.similarity)
+            if similarity < min_similarity:
+                break  # best first: nothing after it is above the floor either
             own = _owns(h.item.session_id)
-            # Someone else's reflection on (nearly) this very question would tell the caller that it was asked, and
-            # when: it is left out, as the agent's own retrieval leaves it out (store/rubric_bank.py).
-            if h.similarity < min_similarity or (not own and h.similarity >= same):
-                continue
             out.append(BankHit(id=h.item.id, question=h.item.question if own else WITHHELD_QUESTION,
-                               similarity=round(h.similarity, 4), score=h.item.score, rubrics=h.item.rubrics,
+                               similarity=similarity, score=h.item.score, rubrics=h.item.rubrics,
                                takeaways=h.item.takeaways, created_at=h.item.created_at if own else ""))
         return BankSearchResult(hits=out)
 

@@ -47,6 +47,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
     # a child process: a supervisor's SIGTERM (docker stop, a test fixture) then reaches Streamlit itself instead of
     # leaving it running, model loaded, after its parent is gone.
     command = streamlit_command(host, port, settings.uploads.max_file_bytes)
+    # Streamlit's uvicorn reads X-Forwarded-For only from the peers named here (its default, loopback, would let
+    # anyone behind an ssh -L or socat forwarder pick the address the login limit counts): none unless the operator
+    # names their reverse proxies (issue 46).
+    os.environ["FORWARDED_ALLOW_IPS"] = ",".join(settings.ui.trusted_proxies)  # "" trusts nobody's header
     os.execv(command[0], command)
     return 0  # not reached
 

@@ -332,7 +332,9 @@ class LoginLimiter:
 
     Kept in the process, not the store: Streamlit serves every browser session from this one process, a reload
     keeps it, and a failed guess then costs no database write. A restart forgets it (an admin's way to unlock an
-    account someone else locked by guessing). Behind a reverse proxy every visitor shares the proxy's address.
+    account someone else locked by guessing). The address is the connecting peer's: `rubricem ui` lets Streamlit
+    take X-Forwarded-For only from RUBRICEM_UI__TRUSTED_PROXIES (none by default, so behind an unnamed reverse proxy
+    every visitor shares the proxy's address, and a forged header from anyone else changes nothing).
     """
 
     def __init__(self, free: int = 5, max_backoff_s: float = 900.0, checks_per_s: float = 5.0,
