@@ -48,6 +48,7 @@ from agent.errors import InputError
 from agent.report import Report, stored_report
 from app import events as ev
 from app.container import Services
+from app.hostcheck import MIN_SECRET_CHARS, HostRuleError, host_rule, is_open_host
 from app.service import RunFailedError
 from store.errors import SessionNotFound
 from store.owner import MCP, acting_as
@@ -67,13 +68,11 @@ INSTRUCTIONS = (
 
 
 MCP_OWNER = MCP  # the default identity of MCP callers: not `local`, which owns the CLI's (and open UI's) sessions
-MIN_TOKEN_CHARS = 32  # a shared secret short enough to guess or brute-force is no lock
-OPEN_HOSTS = ("127.0.0.1", "localhost", "::1")  # the exact binds that may serve HTTP without a token
-WILDCARD_HOSTS = ("0.0.0.0", "::")  # every interface: the Host header clients send cannot be derived from these
+MIN_TOKEN_CHARS = MIN_SECRET_CHARS
 MAX_BANK_K = 10  # search_bank hits per call: enough to browse, too few to page through the whole bank quickly
 
 
-class McpAccessError(ValueError):
+class McpAccessError(HostRuleError):
     """The HTTP transport would be reachable by others without a (strong enough) token, or its allowed Host names
     cannot be derived from the bind address."""
 
@@ -257,13 +256,6 @@ class ProgressPump:
 # ---- the server ----------------------------------------------------------------------------------------------------
 
 
-def is_open_host(host: str) -> bool:
-    """Whether HTTP may be served on `host` without a token: only the exact loopback binds 127.0.0.1, localhost and
-    ::1. Other 127.x addresses are loopback too, but the SDK (and people) treat them as "some other address": asking
-    for a token there costs nothing and keeps one rule."""
-    return host.strip().lower() in OPEN_HOSTS
-
-
 def check_bind(host: str, token: str | None) -> None:
     """Refuse to serve HTTP without a token off the exact loopback binds, or with a token too short to be a secret.
 
@@ -286,38 +278,19 @@ def check_bind(host: str, token: str | None) -> None:
 
 def transport_security(host: str, port: int, extra_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
     """The SDK's DNS-rebinding protection, set explicitly for every bind (the SDK turns it on by itself only for the
-    three loopback names, and not at all elsewhere): the Host header must be the bind address (for a loopback bind,
-    any loopback name) or one of `extra_hosts`, at `port` unless the entry names its own; an Origin, when sent, must
-    be one of those hosts over http or https.
+    three loopback names, and not at all elsewhere), from the rule every endpoint shares (`app.hostcheck.host_rule`):
+    the Host header must be the bind address (for a loopback bind, any loopback name) or one of `extra_hosts`, at
+    `port` unless the entry names its own; an Origin, when sent, must be one of those hosts over http or https.
 
     Raises:
         McpAccessError: a wildcard bind (0.0.0.0, ::) with no `extra_hosts`: the names clients use are unknown.
     """
-    bind = host.strip().lower()
-    if bind in WILDCARD_HOSTS and not extra_hosts:
-        raise McpAccessError(
-            f"rubricem mcp on {host} listens on every interface, so it cannot tell which Host names are its own: set "
-            'RUBRICEM_MCP__ALLOWED_HOSTS to the names clients use, as a JSON list (e.g. ["mcp.example.org", '
-            '"10.0.0.5"]), or bind one address.')
-    names = list(OPEN_HOSTS) if bind in OPEN_HOSTS else ([] if bind in WILDCARD_HOSTS else [bind])
-    hosts: list[str] = []
-    extra = [h.strip().lower() for h in extra_hosts if h.strip()]
-    # A listed name is allowed as written too: behind a TLS proxy the Host header is the bare public name.
-    for entry in [*(_host_header(n, port) for n in [*names, *extra]), *extra]:
-        if entry not in hosts:
-            hosts.append(entry)
-    origins = [f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")]
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
-                                     allowed_origins=origins)
-
-
-def _host_header(name: str, port: int) -> str:
-    """`name` as a Host header: with `port` unless it names one; a bare IPv6 address in brackets."""
-    if name.startswith("["):  # [v6] or [v6]:port
-        return name if "]:" in name else f"{name}:{port}"
-    if name.count(":") > 1:  # a bare IPv6 address
-        return f"[{name}]:{port}"
-    return name if ":" in name else f"{name}:{port}"
+    try:
+        rule = host_rule(host, port, extra_hosts, who="rubricem mcp", setting="RUBRICEM_MCP__ALLOWED_HOSTS")
+    except HostRuleError as exc:
+        raise McpAccessError(str(exc)) from None
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=list(rule.hosts),
+                                     allowed_origins=list(rule.origins))
 
 
 class RunSlots:

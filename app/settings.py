@@ -185,6 +185,9 @@ class TelemetryConfig(BaseModel):
     metrics_host: str = Field(default="127.0.0.1", description="Address the scheduler's Prometheus endpoint binds.")
     metrics_port: int = Field(default=9464, ge=0, le=65535, description="Port of the scheduler's Prometheus "
                               "endpoint (/metrics); 0 turns it off.")
+    metrics_allowed_hosts: list[str] = Field(default_factory=list, description="Extra Host names (name or name:port) "
+                                             "scrapers may use besides the bind address, as a JSON list; required "
+                                             "when binding 0.0.0.0 or :: (DNS-rebinding protection).")
 
 
 class Settings(BaseSettings):
@@ -276,6 +279,7 @@ def env_example() -> str:
 
 
 def child_environment() -> dict[str, str]:
-    """A copy of this process's environment, for a child process it starts (the local vLLM server): this module is
-    the one place that reads the environment."""
+    """A copy of this process's environment, for a child process it starts (the local vLLM server, which keeps only
+    an allow-listed part of it: `app.policy_server.server_env`): this module is the one place that reads the
+    environment."""
     return dict(os.environ)
