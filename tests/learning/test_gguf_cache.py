@@ -1,4 +1,4 @@
-"""The GGUF LoRA cache (learning/gguf_lora.py, issue 46 item 9): llama.cpp reads a cached conversion only after it
+"""The GGUF LoRA cache (learning/engines/gguf_lora.py, issue 46 item 9): llama.cpp reads a cached conversion only after it
 was checked against the digest recorded when it was written, and only from a folder no other user can write.
 
 A tiny Llama GGUF (one block, two heads) and tiny PEFT LoRA adapters stand for the bundled model and a trained
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from learning.gguf_lora import GGUFConversionError, adapter_digest, cached_lora, convert_lora
+from learning.engines.gguf_lora import GGUFConversionError, adapter_digest, cached_lora, convert_lora
 
 WIDTH, RANK = 8, 2
 
