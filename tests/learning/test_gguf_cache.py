@@ -1,5 +1,5 @@
-"""The GGUF LoRA cache (learning/engines/gguf_lora.py, issue 46 item 9): llama.cpp reads a cached conversion only after it
-was checked against the digest recorded when it was written, and only from a folder no other user can write.
+"""The GGUF LoRA cache (learning/engines/gguf_lora.py, issue 46 item 9): llama.cpp reads a cached conversion only
+after it was checked against the digest recorded when it was written, and only from a folder no other user can write.
 
 A tiny Llama GGUF (one block, two heads) and tiny PEFT LoRA adapters stand for the bundled model and a trained
 adapter: the conversion and the cache are the real ones, no model is loaded.
