@@ -131,7 +131,9 @@ class AgentConfig(BaseModel):
         default=30.0, gt=0, le=3600, description="With several replicas: one that failed a request (down, 5xx, "
         "timeout, missing the adapter) is tried last for this many seconds.")
     policy_model: str = Field(default="policy", description="Served model/adapter alias sent as `model`.")
-    policy_api_key: SecretStr | None = Field(default=None, description="Bearer token for the policy server.")
+    policy_api_key: SecretStr | None = Field(default=None, description="Bearer token for the policy server; "
+                                             "`rubricem policy-server` serves with it, and needs one of at least 32 "
+                                             "characters to bind anything but 127.0.0.1, localhost or ::1.")
     policy_timeout_s: float = Field(default=300.0, gt=0, description="Per-request timeout, seconds.")
     policy_max_retries: int = Field(default=4, ge=0, le=10, description="Retries on 429/5xx/connection errors.")
     policy_chat_format: Literal["chatml"] = Field(

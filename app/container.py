@@ -73,7 +73,8 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
         return LlamaCppPolicyClient(urls[0], cfg.policy_model, api_key=key,
                                     timeout_s=cfg.policy_timeout_s, max_retries=cfg.policy_max_retries)
     try:
-        from learning.local_policy import TransformersPolicyClient, ensure_converted
+        from learning.engines.local_policy import TransformersPolicyClient
+        from learning.engines.weights import ensure_converted
     except ImportError as exc:  # the [local] extra is not installed
         raise ConfigurationError(
             f"the embedded backend needs the [local] extra (torch, transformers, peft): {exc}. "
@@ -98,9 +99,9 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
 
 def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, version: str,
                      say: Say) -> PolicyClient | None:
-    """The embedded policy with llama.cpp decoding (learning.llamacpp_engine): the tokenizer from `model_dir`, the
-    weights from its GGUF (`embedded_gguf_path`, else the bundled GGUF when `model_dir` was converted from it),
-    adapters converted to GGUF LoRA next to the model.
+    """The embedded policy with llama.cpp decoding (`learning.engines.llamacpp_engine`): the tokenizer from
+    `model_dir`, the weights from its GGUF (`embedded_gguf_path`, else the bundled GGUF when `model_dir` was
+    converted from it), adapters converted to GGUF LoRA next to the model.
 
     None when llama.cpp cannot serve these weights (no GGUF of them, or llama-cpp-python missing) and the engine is
     the default rather than chosen: the caller decodes with torch, and `say` tells the user once. When the engine was
@@ -115,7 +116,7 @@ def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, 
         say(f"Decoding with torch: {reason}.")
         log.warning("embedded engine llamacpp unavailable (%s); decoding with torch", reason)
 
-    from learning.local_policy import bundled_source
+    from learning.engines.weights import bundled_source
 
     try:
         import llama_cpp  # noqa: F401 - only whether it is installed
@@ -123,7 +124,7 @@ def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, 
         unavailable(f"llama-cpp-python is not installed ({exc}); run `make install` (the [llamacpp] extra), or "
                     "set RUBRICEM_AGENT__EMBEDDED_ENGINE=torch")
         return None
-    from learning.llamacpp_engine import EmbeddedLlamaCppClient
+    from learning.engines.llamacpp_engine import EmbeddedLlamaCppClient
 
     gguf = cfg.embedded_gguf_path or bundled_source(model_dir)
     if gguf is None:

@@ -7,7 +7,9 @@ Who a caller is (issue 34): every MCP caller acts as one scoped identity, `RUBRI
 sessions `research` creates are owned by it, and `get_session` opens only that identity's sessions: anyone else's id
 gets the same "no session" answer as a missing one (`store.people.ScopedStore`), so the CLI's (`local`) and the UI
 users' history stay private. `search_bank` returns rubrics and takeaways, but the question text only of items made
-from that identity's own sessions: other people's questions are withheld, as they are from prompts.
+from that identity's own sessions: other people's questions are withheld, as they are from prompts, and their items
+on (nearly) the query are left out before the top k are taken, with similarities on a 0.1 grid (issue 46), so the
+answer does not tell whether someone asked it.
 
 Over HTTP: only an exact bind of 127.0.0.1, localhost or ::1 may run without a token (other local processes can
 reach it; web pages cannot, see below); any other address, 127.0.0.2 included, needs a bearer token
@@ -46,12 +48,13 @@ from agent.errors import InputError
 from agent.report import Report, stored_report
 from app import events as ev
 from app.container import Services
+from app.hostcheck import MIN_SECRET_CHARS, HostRuleError, host_rule, is_open_host
 from app.service import RunFailedError
 from store.errors import SessionNotFound
 from store.owner import MCP, acting_as
 from store.people import ScopedStore, Viewer
-from store.records import SessionRecord, Snippet
-from store.rubric_bank import WITHHELD_QUESTION
+from store.records import BankHit as StoredHit, SessionRecord, Snippet
+from store.rubric_bank import WITHHELD_QUESTION, coarse_similarity
 from store.users import check_user_id
 
 _log = logging.getLogger(__name__)
@@ -65,13 +68,11 @@ INSTRUCTIONS = (
 
 
 MCP_OWNER = MCP  # the default identity of MCP callers: not `local`, which owns the CLI's (and open UI's) sessions
-MIN_TOKEN_CHARS = 32  # a shared secret short enough to guess or brute-force is no lock
-OPEN_HOSTS = ("127.0.0.1", "localhost", "::1")  # the exact binds that may serve HTTP without a token
-WILDCARD_HOSTS = ("0.0.0.0", "::")  # every interface: the Host header clients send cannot be derived from these
+MIN_TOKEN_CHARS = MIN_SECRET_CHARS
 MAX_BANK_K = 10  # search_bank hits per call: enough to browse, too few to page through the whole bank quickly
 
 
-class McpAccessError(ValueError):
+class McpAccessError(HostRuleError):
     """The HTTP transport would be reachable by others without a (strong enough) token, or its allowed Host names
     cannot be derived from the bind address."""
 
@@ -255,13 +256,6 @@ class ProgressPump:
 # ---- the server ----------------------------------------------------------------------------------------------------
 
 
-def is_open_host(host: str) -> bool:
-    """Whether HTTP may be served on `host` without a token: only the exact loopback binds 127.0.0.1, localhost and
-    ::1. Other 127.x addresses are loopback too, but the SDK (and people) treat them as "some other address": asking
-    for a token there costs nothing and keeps one rule."""
-    return host.strip().lower() in OPEN_HOSTS
-
-
 def check_bind(host: str, token: str | None) -> None:
     """Refuse to serve HTTP without a token off the exact loopback binds, or with a token too short to be a secret.
 
@@ -284,38 +278,19 @@ def check_bind(host: str, token: str | None) -> None:
 
 def transport_security(host: str, port: int, extra_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
     """The SDK's DNS-rebinding protection, set explicitly for every bind (the SDK turns it on by itself only for the
-    three loopback names, and not at all elsewhere): the Host header must be the bind address (for a loopback bind,
-    any loopback name) or one of `extra_hosts`, at `port` unless the entry names its own; an Origin, when sent, must
-    be one of those hosts over http or https.
+    three loopback names, and not at all elsewhere), from the rule every endpoint shares (`app.hostcheck.host_rule`):
+    the Host header must be the bind address (for a loopback bind, any loopback name) or one of `extra_hosts`, at
+    `port` unless the entry names its own; an Origin, when sent, must be one of those hosts over http or https.
 
     Raises:
         McpAccessError: a wildcard bind (0.0.0.0, ::) with no `extra_hosts`: the names clients use are unknown.
     """
-    bind = host.strip().lower()
-    if bind in WILDCARD_HOSTS and not extra_hosts:
-        raise McpAccessError(
-            f"rubricem mcp on {host} listens on every interface, so it cannot tell which Host names are its own: set "
-            'RUBRICEM_MCP__ALLOWED_HOSTS to the names clients use, as a JSON list (e.g. ["mcp.example.org", '
-            '"10.0.0.5"]), or bind one address.')
-    names = list(OPEN_HOSTS) if bind in OPEN_HOSTS else ([] if bind in WILDCARD_HOSTS else [bind])
-    hosts: list[str] = []
-    extra = [h.strip().lower() for h in extra_hosts if h.strip()]
-    # A listed name is allowed as written too: behind a TLS proxy the Host header is the bare public name.
-    for entry in [*(_host_header(n, port) for n in [*names, *extra]), *extra]:
-        if entry not in hosts:
-            hosts.append(entry)
-    origins = [f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")]
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
-                                     allowed_origins=origins)
-
-
-def _host_header(name: str, port: int) -> str:
-    """`name` as a Host header: with `port` unless it names one; a bare IPv6 address in brackets."""
-    if name.startswith("["):  # [v6] or [v6]:port
-        return name if "]:" in name else f"{name}:{port}"
-    if name.count(":") > 1:  # a bare IPv6 address
-        return f"[{name}]:{port}"
-    return name if ":" in name else f"{name}:{port}"
+    try:
+        rule = host_rule(host, port, extra_hosts, who="rubricem mcp", setting="RUBRICEM_MCP__ALLOWED_HOSTS")
+    except HostRuleError as exc:
+        raise McpAccessError(str(exc)) from None
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=list(rule.hosts),
+                                     allowed_origins=list(rule.origins))
 
 
 class RunSlots:
@@ -463,21 +438,29 @@ def build_server(
         min_similarity: Annotated[float, Field(ge=0.0, le=1.0, description="Cosine similarity floor, 0 to 1.")] = 0.0,
     ) -> BankSearchResult:
         """Search the rubric bank: reflections (rubrics and takeaways) the agent wrote on earlier, judged questions,
-        most similar question first. The question text (and when it was written) is shown only for this server's
-        own sessions; others' are withheld, and their reflections on (nearly) the query itself are left out."""
+        most similar question first, similarities rounded down to 0.1. The question text (and when it was written)
+        is shown only for this server's own sessions; others' are withheld, and their reflections on (nearly) the
+        query itself are left out."""
         if not query.strip():
             raise ToolError("the query is empty")
-        hits = await asyncio.to_thread(services.bank.search, query, k)
         same = services.bank.config.dedup_similarity  # the bank's own "the same question in other words"
+
+        def others_near(found: Sequence[StoredHit]) -> set[str]:
+            # Someone else's reflection on (nearly) this very question would tell the caller that it was asked, and
+            # when: it is left out before the top k are taken, so the answer is the one a bank without it gives.
+            return {h.item.id for h in found if h.similarity >= same and not _owns(h.item.session_id)}
+
+        hits = await asyncio.to_thread(services.bank.search, query, k, hidden=others_near)
         out: list[BankHit] = []
         for h in hits:
+            # Compared and shown coarse: a floor or a similarity finer than the grid would let a caller bisect or
+            # climb towards a hidden question.
+            similarity = coarse_similarity(h.similarity)
+            if similarity < min_similarity:
+                break  # best first: nothing after it is above the floor either
             own = _owns(h.item.session_id)
-            # Someone else's reflection on (nearly) this very question would tell the caller that it was asked, and
-            # when: it is left out, as the agent's own retrieval leaves it out (store/rubric_bank.py).
-            if h.similarity < min_similarity or (not own and h.similarity >= same):
-                continue
             out.append(BankHit(id=h.item.id, question=h.item.question if own else WITHHELD_QUESTION,
-                               similarity=round(h.similarity, 4), score=h.item.score, rubrics=h.item.rubrics,
+                               similarity=similarity, score=h.item.score, rubrics=h.item.rubrics,
                                takeaways=h.item.takeaways, created_at=h.item.created_at if own else ""))
         return BankSearchResult(hits=out)
 

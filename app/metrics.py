@@ -23,21 +23,29 @@ A scrape answers two kinds of metrics:
 
 The process-local `rubricem_retrain_cycles_total` counts the cycles this process ran (the scheduler's); the store's
 `rubricem_store_retrain_cycles_total` counts every recorded cycle, `rubricem retrain --now` from a shell included.
+
+The scheduler's endpoint answers only requests whose Host header is one of its own names (and whose Origin, when
+sent, is too): the MCP server's rule (`app.hostcheck`, issue 46), so a web page cannot read it through a DNS name
+rebound to its address.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import socket
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 
 import agent.telemetry  # noqa: F401 - defines the process's instruments in the default registry
+from app.hostcheck import HostRule
 from store.session_log import SessionLog
 
 _log = logging.getLogger(__name__)
@@ -174,20 +182,54 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
-def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
-    """Serve `registry` on http://host:port/metrics (any path answers; /metrics is the one to scrape).
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def host_checked(app: WSGIApp, rule: HostRule) -> WSGIApp:
+    """`app` behind `rule`: a request with a foreign Host (421) or Origin (403) gets a short refusal, no metrics."""
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        refusal = rule.refusal(environ.get("HTTP_HOST"), environ.get("HTTP_ORIGIN"))
+        if refusal is None:
+            return app(environ, start_response)
+        phrase = "Misdirected Request" if refusal.status == 421 else "Forbidden"
+        start_response(f"{refusal.status} {phrase}", [("Content-Type", "text/plain; charset=utf-8")])
+        return [f"{refusal.reason}\n".encode()]
+
+    return guarded
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape (prometheus_client's own server is silent too)."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def start_metrics_server(registry: CollectorRegistry, host: str, port: int, rule: HostRule) -> MetricsServer:
+    """Serve `registry` on http://host:port/metrics (any path answers; /metrics is the one to scrape) to requests
+    `rule` lets through: prometheus_client's threaded WSGI server, with the Host check in front of its app from the
+    first request on.
 
     Raises:
         MetricsPortInUse: the address is in use or cannot be bound, naming RUBRICEM_TELEMETRY__METRICS_HOST and
             RUBRICEM_TELEMETRY__METRICS_PORT (0 turns the endpoint off).
     """
     try:
-        httpd, thread = start_http_server(port, addr=host, registry=registry)
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+
+        class Server(ThreadingWSGIServer):
+            address_family = family  # an IPv6 bind needs an IPv6 socket
+
+        httpd = make_server(str(sockaddr[0]), port, host_checked(make_wsgi_app(registry), rule), Server,
+                            handler_class=_QuietHandler)
     except OSError as exc:
         why = "is in use by another process" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
         raise MetricsPortInUse(
             f"the Prometheus endpoint {host}:{port} {why}: set RUBRICEM_TELEMETRY__METRICS_PORT to a free port "
             "(0 turns the endpoint off) or RUBRICEM_TELEMETRY__METRICS_HOST to another address") from exc
+    thread = threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True)
+    thread.start()
     bound = int(httpd.server_address[1])
     _log.info("metrics: Prometheus can scrape http://%s:%d%s", host, bound, METRICS_PATH)
     return MetricsServer(host, bound, httpd, thread)

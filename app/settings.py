@@ -6,6 +6,7 @@ Every variable is listed in .env.example.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Literal
@@ -40,6 +41,21 @@ class UIConfig(BaseModel):
                                        "logins, seconds (a UI restart forgets every count).")
     login_checks_per_s: float = Field(default=5.0, gt=0, le=1000, description="Password checks (bcrypt) the UI "
                                       "does per second at most, over all visitors; more attempts are asked to wait.")
+    trusted_proxies: list[str] = Field(default_factory=list, description="Addresses or networks (JSON list, e.g. "
+                                       '["127.0.0.1"]) of reverse proxies whose X-Forwarded-For names the client; '
+                                       "empty: the login limit counts the connecting address and ignores the header.")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, value: list[str]) -> list[str]:
+        """Each entry an IP address or network: anything else (a host name, "*") would make uvicorn trust a literal
+        string or every peer, and a forged header would again choose the address the login limit counts."""
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError as exc:
+                raise ValueError(f"ui.trusted_proxies: {entry!r} is not an IP address or network") from exc
+        return [entry.strip() for entry in value]
 
     @field_validator("password", "admin_password", mode="before")
     @classmethod
@@ -169,6 +185,9 @@ class TelemetryConfig(BaseModel):
     metrics_host: str = Field(default="127.0.0.1", description="Address the scheduler's Prometheus endpoint binds.")
     metrics_port: int = Field(default=9464, ge=0, le=65535, description="Port of the scheduler's Prometheus "
                               "endpoint (/metrics); 0 turns it off.")
+    metrics_allowed_hosts: list[str] = Field(default_factory=list, description="Extra Host names (name or name:port) "
+                                             "scrapers may use besides the bind address, as a JSON list; required "
+                                             "when binding 0.0.0.0 or :: (DNS-rebinding protection).")
 
 
 class Settings(BaseSettings):
@@ -260,6 +279,7 @@ def env_example() -> str:
 
 
 def child_environment() -> dict[str, str]:
-    """A copy of this process's environment, for a child process it starts (the local vLLM server): this module is
-    the one place that reads the environment."""
+    """A copy of this process's environment, for a child process it starts (the local vLLM server, which keeps only
+    an allow-listed part of it: `app.policy_server.server_env`): this module is the one place that reads the
+    environment."""
     return dict(os.environ)

@@ -84,7 +84,7 @@ def verifiable_judge(judge: Any, cfg: TrainConfig, questions: list[str], say: Sa
 
 def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: None) -> tuple[TrainerParts, Path]:
     """Everything `learning.grpo.train` needs, and the run folder."""
-    from learning.local_policy import ensure_converted
+    from learning.engines.weights import ensure_converted
     from learning.reflection.writer import write_reflection
 
     from learning.eval.heldout import heldout_index, load_heldout, refuse_heldout

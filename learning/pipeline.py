@@ -16,6 +16,7 @@ in the cycle's numbers as `failed_replicas`); a killed process leaves it running
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ from store.registry import Cycle, PolicyVersion, Registry
 from store.session_log import SessionLog
 
 Say = Callable[[str], None]
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -84,7 +86,10 @@ async def retrain(parts: RetrainParts, cfg: RetrainConfig, *, trigger: str = "cl
                 # A policy replica that failed a load (probe or promotion) is named in the record, not only the
                 # message.
                 numbers = {"failed_replicas": sorted(exc.failures)} if isinstance(exc, ReplicaError) else None
-                reg.finish_cycle(cycle.cycle_id, "failed", error=f"{type(exc).__name__}: {exc}", numbers=numbers)
+                error = f"{type(exc).__name__}: {exc}"
+                # Kept for the operator (the registry, the trainer's log); the Learning page shows the cycle id only.
+                _log.error("retraining cycle %s failed: %s", cycle.cycle_id, error)
+                reg.finish_cycle(cycle.cycle_id, "failed", error=error, numbers=numbers)
                 telemetry.cycle_finished("failed")
             raise  # KeyboardInterrupt and kills leave the cycle running: the next call resumes it
         telemetry.set_attrs(span, {"rubricem.cycle.outcome": result.cycle.status,

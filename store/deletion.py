@@ -26,6 +26,10 @@ include theirs); in a buffer of a question they only gave feedback on, only rubr
 (written there by judges before issue 34; notes now reach the judge of their giver's sessions only and are never
 saved in the shared buffer, so other people's notes stay in the feedback table and keep judging their sessions).
 
+Work running when a deletion commits does not undo it (issue 46): the number of deletion records is the store's
+deletion epoch (`SessionLog.deletion_epoch`), which a judge reads before the sessions it judges; its rubric-buffer
+save writes nothing once the epoch has grown. The reflection writer takes back a bank item whose session is gone.
+
 What a trained adapter learned cannot be taken out of it: the marks say which versions that concerns.
 """
 

@@ -14,6 +14,7 @@
     │   ├── ConnectionLost     a PostgreSQL connection broke inside a transaction (rolled back; a turn is retried once)
     │   └── StoreUnreachable   the PostgreSQL server cannot be reached, refuses the login or has no such database
     ├── LockHeld               a named lock (the retraining cycle's) is held by another session
+    ├── DeletedMeanwhile       a save of what was derived from people's data met a deletion made since it was read
     └── StoreClosed            the store was used after close()
 
 Messages never contain a database password.
@@ -94,6 +95,11 @@ class StoreUnreachable(StorageError):
 
 class LockHeld(StoreError):
     """Another session holds the named lock (e.g. another host runs the retraining cycle)."""
+
+
+class DeletedMeanwhile(StoreError):
+    """A data deletion was recorded after the caller read what it is saving (a judge's rubric buffer): the save
+    would bring back what the deletion removed, so nothing was written. Deletion wins; the next run starts over."""
 
 
 class StoreClosed(StoreError):

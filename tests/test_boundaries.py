@@ -61,11 +61,13 @@ def test_layering(package: str) -> None:
 
 
 def test_environment_read_only_in_settings() -> None:
-    """Only app/settings.py reads the environment (one Settings object)."""
+    """Only app/settings.py reads the environment (one Settings object). app/vllm_plugins/ is not the app's code: vLLM
+    imports it into its own process, where the environment is how the launcher hands it the key."""
     offenders = [
         str(p.relative_to(ROOT))
         for pkg in ALLOWED
         for p in (ROOT / pkg).rglob("*.py")
-        if "os.environ" in p.read_text(encoding="utf-8") or "os.getenv" in p.read_text(encoding="utf-8")
+        if "vllm_plugins" not in p.parts
+        and ("os.environ" in p.read_text(encoding="utf-8") or "os.getenv" in p.read_text(encoding="utf-8"))
     ]
     assert offenders in ([], ["app/settings.py"]), offenders

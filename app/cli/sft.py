@@ -22,7 +22,7 @@ from app.settings import Settings
 def _student_tokenizer(settings: Settings, say: Any) -> tuple[Any, Path]:
     from transformers import AutoTokenizer
 
-    from learning.local_policy import ensure_converted
+    from learning.engines.weights import ensure_converted
 
     model_dir = settings.agent.embedded_model_path or ensure_converted(settings.store.model_cache)
     return AutoTokenizer.from_pretrained(str(model_dir)), Path(model_dir)

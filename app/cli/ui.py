@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from app.settings import Settings
+from app.settings import Settings, child_environment
 from app.ui.auth import access_policy
 
 MAIN = Path(__file__).resolve().parents[1] / "ui" / "main.py"  # app/ui/main.py
@@ -47,7 +47,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
     # a child process: a supervisor's SIGTERM (docker stop, a test fixture) then reaches Streamlit itself instead of
     # leaving it running, model loaded, after its parent is gone.
     command = streamlit_command(host, port, settings.uploads.max_file_bytes)
-    os.execv(command[0], command)
+    # Streamlit's uvicorn reads X-Forwarded-For only from the peers named here (its default, loopback, would let
+    # anyone behind an ssh -L or socat forwarder pick the address the login limit counts): none unless the operator
+    # names their reverse proxies (issue 46).
+    env = {**child_environment(), "FORWARDED_ALLOW_IPS": ",".join(settings.ui.trusted_proxies)}  # "": nobody's
+    os.execve(command[0], command, env)
     return 0  # not reached
 
 

@@ -244,6 +244,42 @@ def oidc_identity(claims: Mapping[str, object], ui: UIConfig) -> Identity:
     return Identity(uid, role, label)
 
 
+def recheck(user_id: str, ui: UIConfig, policy: AccessPolicy, users: Users,
+            claims: Mapping[str, object] | None) -> Identity | None:
+    """Who a signed-in browser session is now, with the role the deployment gives it now; None when its login no
+    longer holds. Asked at every page load (issue 46): a login is not a licence kept until logout.
+
+    - a named account: it must still exist, and its role is the one on its row (removed or made a user: it shows);
+    - `shared:admin` / `shared:user`: their password must still be set;
+    - an OIDC login: the provider's token (`claims`, None when logged out there) must still name the same issuer and
+      subject, and the role follows RUBRICEM_UI__ADMIN_EMAILS as it is now;
+    - anything else (`local` from the open UI, once named accounts or a password require a login): None.
+    """
+    if not policy.login_required:
+        return None  # the open UI gives everyone `local` afresh on every load; nothing to re-check
+    if user_id == SHARED_ADMIN:
+        return Identity(SHARED_ADMIN, "admin", SHARED_ADMIN) if ui.admin_password is not None else None
+    if user_id == SHARED_USER:
+        return Identity(SHARED_USER, "user", SHARED_USER) if ui.password is not None else None
+    if user_id.startswith("oidc:"):
+        return _recheck_oidc(user_id, ui, policy, claims)
+    found = users.find(user_id)
+    if found is None or found.kind != "password":
+        return None
+    return Identity(found.user_id, found.role, found.user_id)
+
+
+def _recheck_oidc(user_id: str, ui: UIConfig, policy: AccessPolicy,
+                  claims: Mapping[str, object] | None) -> Identity | None:
+    if not policy.oidc or claims is None:
+        return None
+    try:
+        who = oidc_identity(claims, ui)
+    except LoginRefused:
+        return None
+    return who if who.user_id == user_id else None
+
+
 # ---- slowing guesses down ------------------------------------------------------------------------------------------
 
 
@@ -296,7 +332,9 @@ class LoginLimiter:
 
     Kept in the process, not the store: Streamlit serves every browser session from this one process, a reload
     keeps it, and a failed guess then costs no database write. A restart forgets it (an admin's way to unlock an
-    account someone else locked by guessing). Behind a reverse proxy every visitor shares the proxy's address.
+    account someone else locked by guessing). The address is the connecting peer's: `rubricem ui` lets Streamlit
+    take X-Forwarded-For only from RUBRICEM_UI__TRUSTED_PROXIES (none by default, so behind an unnamed reverse proxy
+    every visitor shares the proxy's address, and a forged header from anyone else changes nothing).
     """
 
     def __init__(self, free: int = 5, max_backoff_s: float = 900.0, checks_per_s: float = 5.0,

@@ -16,7 +16,7 @@ import streamlit as st
 from agent.accounting import UsageTotals, format_cost, prices_note
 from app import dashboard
 from app.ui import state
-from app.ui.view import md_literal
+from app.ui.view import cycle_reason, md_literal
 from store.deletion import versions_trained_on_deleted_data
 
 
@@ -139,7 +139,8 @@ def page() -> None:
             "started": c.started_at[:19], "trigger": c.trigger, "status": c.status, "reached": c.stage_reached,
             "candidate": c.candidate or "", "sessions used": c.new_sessions,
             "skipped (no consent)": c.skipped_sessions, "candidate score": c.candidate_score,
-            "live score": c.live_score, **_cost_cells(spent.get(c.cycle_id)), "reason": c.reason or ""}
+            "live score": c.live_score, **_cost_cells(spent.get(c.cycle_id)),
+            "reason": cycle_reason(c.status, c.cycle_id, c.reason)}
             for c in cycles]), hide_index=True)
         st.caption(md_literal(
             f"Tokens and cost: the policy serving each cycle's window of sessions and the judge grading them; "

@@ -15,6 +15,7 @@ from app.ui.auth import (
     attempt_password_login,
     oidc_identity,
     open_ui_host_refusal,
+    recheck,
 )
 from store.owner import LOCAL
 from store.users import UserError
@@ -51,7 +52,15 @@ def _login() -> bool:
         _enter(Identity(LOCAL, policy.open_role or "admin", LOCAL))
         return True
     if st.session_state.get("role") and st.session_state.get("user_id"):
-        return True
+        # Every page load, and so every run start, re-checks the login (issue 46): an account removed or made a user,
+        # an e-mail taken off the admin list, a shared password unset, take effect at the next click.
+        claims = st.user.to_dict() if getattr(st.user, "is_logged_in", False) else None
+        who = recheck(str(st.session_state.user_id), ui, policy, users, claims)
+        if who is not None:
+            _enter(who)
+            return True
+        st.session_state.clear()  # nothing of the old login's chat stays for whoever logs in next
+        st.warning("Your login is no longer valid here (the account was removed or changed): log in again.")
     if policy.oidc and getattr(st.user, "is_logged_in", False):
         try:
             who = oidc_identity(st.user.to_dict(), ui)

@@ -23,12 +23,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from agent.approval import PlanDecision
 from agent.clarify import ClarificationAnswer
 from agent.config import RunOptions
 from agent.errors import InputError
 from app import events as ev
 from app.service import ResearchOutcome, ResearchPaused, ResearchRejected, ResearchService
+from store.errors import StoreError
 from store.owner import current_actor
 
 if TYPE_CHECKING:
@@ -76,15 +79,20 @@ class RunLimits:
         """The largest tool-call budget this person may give a run."""
         return self.admin_tool_calls if admin else min(self.user_tool_calls, self.admin_tool_calls)
 
-    def check_options(self, options: RunOptions, admin: bool) -> None:
-        """Refuse options over this person's limits (RunRefused, naming the limit)."""
+    def check_options(self, options: RunOptions | None, admin: bool, *, resumed: bool = False) -> None:
+        """Refuse options over this person's limits (RunRefused, naming the limit); None has nothing to check.
+        `resumed`: the options are a stored session's, which cannot be changed, so the message says what can."""
+        if options is None:
+            return
         who = "an admin's" if admin else "your"
+        stored = "this session was started with it; ask the question again, or ask an admin to resume it"
         if options.wall_clock_s > self.wall_clock_s(admin):
             raise RunRefused(f"a time limit of {options.wall_clock_s:.0f} s is over {who} limit of "
-                             f"{self.wall_clock_s(admin):.0f} s: lower the time limit in ⚙️ Research settings")
+                             f"{self.wall_clock_s(admin):.0f} s: "
+                             + (stored if resumed else "lower the time limit in ⚙️ Research settings"))
         if options.max_tool_calls > self.tool_calls(admin):
             raise RunRefused(f"{options.max_tool_calls} tool calls is over {who} limit of {self.tool_calls(admin)}: "
-                             "lower Max tool calls in ⚙️ Research settings")
+                             + (stored if resumed else "lower Max tool calls in ⚙️ Research settings"))
 
 
 _slots_guard = threading.Lock()
@@ -118,6 +126,16 @@ def _give_slot(person: str) -> None:
             _running.pop(person, None)
 
 
+def _stored_options(service: ResearchService, session_id: str) -> RunOptions | None:
+    """The options a resumed session goes on with: its own, as stored when it started (perhaps by MCP or the CLI,
+    under other caps, or before this person's role or the caps changed). None when they cannot be read: the resume
+    itself then refuses the session, before it runs."""
+    try:
+        return RunOptions.model_validate(service.log.get(session_id).options)
+    except (StoreError, ValidationError):
+        return None
+
+
 def shared_loop() -> asyncio.AbstractEventLoop:
     """The process's research event loop, started on first use in a daemon thread."""
     global _loop
@@ -144,8 +162,8 @@ class LiveRun:
         page rerun mid-run loses nothing).
 
         The run counts against `limits` (default: the built-in caps) for `person` (default: the current actor);
-        `admin` lifts the per-run option limits to the hard ones. A run over a cap ends at once with RunRefused
-        (nothing started or written)."""
+        `admin` lifts the per-run option limits to the hard ones; a resume is held to them with the options the
+        session was stored with. A run over a cap ends at once with RunRefused (nothing started or written)."""
         self._queue: queue.Queue[ev.Event | RunEnded] = queue.Queue()
         self.ended: RunEnded | None = None
         self._on_event = on_event
@@ -155,6 +173,8 @@ class LiveRun:
         try:
             if resume is None:
                 limits.check_options(options, admin)
+            else:  # a resume goes on with the session's stored options: they meet this person's caps too
+                limits.check_options(_stored_options(service, resume[0]), admin, resumed=True)
             _take_slot(self._person, limits)
         except RunRefused as exc:
             self._future = Future()

@@ -238,6 +238,17 @@ def failure_text(view: RunView) -> str:
     return f"The run failed (error reference: session `{sid}`; the details are in the session log)."
 
 
+def cycle_reason(status: str, cycle_id: str, reason: str | None) -> str:
+    """What the Learning page says about a retraining cycle's outcome. A failed cycle's stored reason is exception
+    text (hosts, paths) and every signed-in person may open the page: it gets a generic line whose reference is the
+    cycle, as a failed run's is its session (the operator reads the text in `rubricem versions` and the trainer's
+    log). Skips and gate decisions are the app's own sentences, shown as they are."""
+    if status != "failed":
+        return reason or ""
+    ref = re.sub(r"[^A-Za-z0-9_-]", "", cycle_id)
+    return f"The cycle failed (error reference: cycle {ref}; the details are in the retraining log)."
+
+
 def _note_text(kind: str, data: dict[str, object]) -> str:
     match kind:
         case "research_stopped":
@@ -278,21 +289,38 @@ def anchor(session_id: str, number: int) -> str:
     return f"{anchor_prefix(session_id)}{number}"
 
 
+_LINE_ENDING = re.compile(r"\r\n|\r|\n")  # CommonMark's line endings
+
+
+def one_line_html(fragment: str) -> str:
+    """An HTML fragment for `st.markdown(..., unsafe_allow_html=True)`: the same fragment on one line.
+
+    Streamlit's Markdown parser hands a raw-HTML block to the browser only up to its first blank line, and reads what
+    follows as Markdown again: a blank line in a model's fenced block or in a tool's URL would turn the `![x](url)`
+    after it into an image every viewer fetches. Each line ending becomes `&#10;`, which the browser's HTML parser
+    reads back as the same line feed (code blocks keep their lines), so no line, blank or not, is left to end the
+    block. The fragment must start with a block tag (`<div`, `<ol`) for the parser to take it as one HTML block.
+    """
+    return _LINE_ENDING.sub("&#10;", fragment)
+
+
 def cited_html(report: Report, session_id: str) -> str:
     """The answer as safe HTML (the export's renderer: Markdown drawn, raw HTML escaped, images off), its [n] markers
-    linked to this session's entries in the references panel."""
+    linked to this session's entries in the references panel; one line (`one_line_html`)."""
     body = answer_html(report.body, len(report.references), anchor_prefix(session_id))
-    return f'<div class="answer">{body}</div>'
+    return one_line_html(f'<div class="answer">{body}</div>')
 
 
 def references_html(report: Report, session_id: str) -> str:
-    """The references panel: number, title, link (http/https only) or document id, and the snippet, escaped."""
+    """The references panel: number, title, link (http/https only) or location (any other URL, on one line) or
+    document id, and the snippet, escaped; one line (`one_line_html`)."""
     items = []
     for n, s in enumerate(report.references, 1):
         title = html.escape(" ".join(s.title.split()) or s.id)
         where = (f'<a href="{html.escape(s.url, quote=True)}" target="_blank" rel="noopener noreferrer">'
-                 f"{html.escape(s.url)}</a>" if web_url(s.url) else f"<code>{html.escape(s.url or s.id)}</code>")
+                 f"{html.escape(s.url)}</a>" if web_url(s.url)
+                 else f"<code>{html.escape(' '.join((s.url or s.id).split()))}</code>")
         snippet = html.escape(" ".join(s.text.split())[:600])
         items.append(f'<li id="{anchor(session_id, n)}" class="ref"><b>[{n}] {title}</b> · {where} '
                      f"<small>({html.escape(s.tool)})</small><br><small>{snippet}</small></li>")
-    return '<ol class="refs">' + "".join(items) + "</ol>" if items else ""
+    return one_line_html('<ol class="refs">' + "".join(items) + "</ol>") if items else ""

@@ -6,6 +6,7 @@ A `RubricBuffer` is immutable: `add`, `with_persistent` and `prune` return new b
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 from learning.errors import LearningError
 from learning.judge.types import Rubric, RubricBufferStore
 from store.deletion import FEEDBACK_RUBRIC_TITLE
+from store.errors import DeletedMeanwhile
 from store.records import STAGES, Stage, question_sha, sha256_text
 
 CAPS: Mapping[Stage, int] = MappingProxyType({"plan": 3, "research": 2, "review": 2, "answer": 3})
@@ -26,6 +28,7 @@ RETIRED_KEEP = 200  # retired rubrics kept for the record (judgements refer to t
 PAYLOAD_FORMAT = 1
 _STAGE_PREFIX: Mapping[Stage, str] = MappingProxyType({"plan": "s1", "research": "s2", "review": "s3", "answer": "s4"})
 _NON_WORD = re.compile(r"[^\w]+")
+_log = logging.getLogger(__name__)
 
 
 class BufferPayloadError(LearningError):
@@ -66,6 +69,8 @@ class RubricBuffer:
         active: Adaptive rubrics per stage, oldest first (every stage key present). Treat as read-only.
         retired: Rubrics taken out of the active set (zero variance or over cap), newest last.
         version: The store's version of this buffer ("" when never saved; "mem-N" for a judge without a store).
+        deletions_seen: The store's deletion epoch read before this buffer and the sessions judged with it were
+            (None: not loaded from a store). A save after a deletion was recorded writes nothing (issue 46).
     """
 
     question: str
@@ -73,6 +78,7 @@ class RubricBuffer:
     active: Mapping[Stage, tuple[Rubric, ...]] = field(default_factory=lambda: {s: () for s in STAGES})
     retired: tuple[Rubric, ...] = ()
     version: str = ""
+    deletions_seen: int | None = field(default=None, compare=False)  # bookkeeping, not content
 
     @classmethod
     def empty(cls, question: str) -> RubricBuffer:
@@ -237,26 +243,45 @@ class RubricBuffer:
         return cls(question=question, persistent=persistent, active=active, retired=retired, version=version)
 
 
-def load_buffer(store: RubricBufferStore, question: str) -> RubricBuffer:
+def load_buffer(store: RubricBufferStore, question: str, deletions_seen: int | None = None) -> RubricBuffer:
     """The saved buffer of a question (version = the store's version), or an empty one.
 
     Rubrics made from feedback notes that judges saved in the shared buffer before issue 34 are left out: a note now
     judges only its giver's own sessions (`learning.judge.feedback`), handed over per group and never saved, so an
     old buffer must not go on applying one person's notes to everyone's sessions. The next save drops them for good.
 
+    `deletions_seen`: the store's deletion epoch the caller read before it read the sessions to judge; None reads it
+    now, before the buffer. `save_buffer` then refuses to save over a deletion made since (issue 46).
+
     Raises:
         BufferPayloadError: the stored payload is malformed.
     """
+    seen = store.deletion_epoch() if deletions_seen is None else deletions_seen
     found = store.load_rubric_buffer(question_sha(question))
     if found is None:
-        return RubricBuffer.empty(question)
+        return replace(RubricBuffer.empty(question), deletions_seen=seen)
     payload, version = found
     buffer = RubricBuffer.from_payload(payload, version=str(version))
     shared = tuple(r for r in buffer.persistent if not r.title.startswith(FEEDBACK_RUBRIC_TITLE))
-    return buffer if len(shared) == len(buffer.persistent) else replace(buffer, persistent=shared)
+    return replace(buffer, persistent=shared, deletions_seen=seen)
 
 
 def save_buffer(store: RubricBufferStore, buffer: RubricBuffer) -> RubricBuffer:
-    """Save a buffer; returns it with the store's new version."""
-    version = store.save_rubric_buffer(buffer.key, buffer.question, buffer.to_payload())
+    """Save a buffer; returns it with the store's new version.
+
+    Raises:
+        DeletedMeanwhile: a deletion was recorded since the buffer's `deletions_seen` (nothing was written).
+    """
+    version = store.save_rubric_buffer(buffer.key, buffer.question, buffer.to_payload(),
+                                       deletions_seen=buffer.deletions_seen)
     return replace(buffer, version=str(version))
+
+
+def save_unless_deleted(store: RubricBufferStore, buffer: RubricBuffer) -> RubricBuffer:
+    """`save_buffer`, except that a deletion made since the buffer was read wins: nothing is saved and the buffer
+    comes back unsaved (version ""), for this round's judgements only; the next round starts from what is stored."""
+    try:
+        return save_buffer(store, buffer)
+    except DeletedMeanwhile as exc:
+        _log.warning("rubric buffer not saved: %s", exc)
+        return replace(buffer, version="")

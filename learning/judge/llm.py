@@ -22,7 +22,7 @@ from learning.judge.buffer import (
     load_buffer,
     question_sha,
     rubric_id,
-    save_buffer,
+    save_unless_deleted,
 )
 from learning.judge.citations import check_citations, support_check
 from learning.judge.types import (
@@ -454,15 +454,15 @@ class LLMJudge:
 
     async def judge_group(
         self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = (), *,
-        session_rubrics: Sequence[Rubric] = (),
+        session_rubrics: Sequence[Rubric] = (), deletions_seen: int | None = None,
     ) -> list[Judgement]:
         """One Judgement per trajectory, in order (see `score_group`)."""
-        return list((await self.score_group(question, trajectories, persistent,
-                                            session_rubrics=session_rubrics)).judgements)
+        return list((await self.score_group(question, trajectories, persistent, session_rubrics=session_rubrics,
+                                            deletions_seen=deletions_seen)).judgements)
 
     async def score_group(
         self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = (), *,
-        session_rubrics: Sequence[Rubric] = (),
+        session_rubrics: Sequence[Rubric] = (), deletions_seen: int | None = None,
     ) -> ScoredGroup:
         """A whole judging round for one question's group of trajectories.
 
@@ -473,7 +473,9 @@ class LLMJudge:
         - every scored stage None → answer-only fallback: when the failure was a bad answer (not a dead endpoint), one
           more call scores the Answer rubrics on the answer alone, and only that score is kept
           (`fallback_answer_only`);
-        - a stage absent from the trajectory gets R = 0 (METHOD D7); a present stage with no rubrics is None.
+        - a stage absent from the trajectory gets R = 0 (METHOD D7); a present stage with no rubrics is None;
+        - a data deletion recorded since `deletions_seen` (the store's epoch read before the trajectories were; None:
+          when the buffer is loaded) wins: the buffer is not saved, and the judgements carry rubric_version "".
 
         Raises:
             ValueError: a trajectory answers a different question.
@@ -484,7 +486,7 @@ class LLMJudge:
         for t in trajectories:
             if normalise_question(t.question) != want:
                 raise ValueError(f"session {t.session_id} answers a different question than the group's")
-        buffer = (await self._load(question)).with_persistent(persistent)
+        buffer = (await self._load(question, deletions_seen)).with_persistent(persistent)
         if not trajectories:
             return ScoredGroup(question, (), buffer.all_rubrics(), (), buffer, PruneResult(), None, Usage())
 
@@ -639,10 +641,10 @@ class LLMJudge:
             raise JudgeRequestError(f"the judge endpoint rejected the requests; nothing was judged ({detail})")
         raise JudgeUnavailable(f"the judge endpoint was unavailable; nothing was judged ({detail})")
 
-    async def _load(self, question: str) -> RubricBuffer:
+    async def _load(self, question: str, deletions_seen: int | None) -> RubricBuffer:
         if self.store is None:
             return self._memory.get(question_sha(question)) or RubricBuffer.empty(question)
-        return await asyncio.to_thread(load_buffer, self.store, question)
+        return await asyncio.to_thread(load_buffer, self.store, question, deletions_seen)
 
     async def _save(self, buffer: RubricBuffer) -> RubricBuffer:
         if self.store is None:
@@ -650,7 +652,7 @@ class LLMJudge:
             saved = replace(buffer, version=f"mem-{self._memory_saves}")
             self._memory[saved.key] = saved
             return saved
-        return await asyncio.to_thread(save_buffer, self.store, buffer)
+        return await asyncio.to_thread(save_unless_deleted, self.store, buffer)
 
 
 @dataclass(frozen=True, slots=True)

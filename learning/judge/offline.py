@@ -18,7 +18,7 @@ import numpy as np
 from agent.parse import strip_process_blocks, strip_tags
 from learning.errors import JudgeUnavailable
 from learning.judge.aggregate import stage_score
-from learning.judge.buffer import RubricBuffer, load_buffer, normalise_title, save_buffer
+from learning.judge.buffer import RubricBuffer, load_buffer, normalise_title, save_unless_deleted
 from learning.judge.citations import answer_text, check_citations
 from learning.judge.types import (
     CitationCheck,
@@ -181,30 +181,31 @@ class OfflineJudge:
 
     async def judge_group(
         self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = (), *,
-        session_rubrics: Sequence[Rubric] = (),
+        session_rubrics: Sequence[Rubric] = (), deletions_seen: int | None = None,
     ) -> list[Judgement]:
-        """One approximate Judgement per trajectory, in order (`session_rubrics`: for this group only, never saved).
+        """One approximate Judgement per trajectory, in order (`session_rubrics`: for this group only, never saved;
+        `deletions_seen`: as for `TrajectoryJudge`, a deletion since then keeps new persistent rubrics unsaved).
 
         Raises:
             JudgeUnavailable: the embedding model cannot be loaded (nothing could be judged).
         """
         if not trajectories:
             return []
-        buffer = (await self._buffer(question, persistent)).with_persistent(session_rubrics)
+        buffer = (await self._buffer(question, persistent, deletions_seen)).with_persistent(session_rubrics)
         chosen = self._answer_rubrics(question, trajectories, buffer)
         similarities = await self._similarities(chosen.rubrics, trajectories)
         return [
             self._judge_one(t, chosen, sims, buffer.version) for t, sims in zip(trajectories, similarities, strict=True)
         ]
 
-    async def _buffer(self, question: str, persistent: Sequence[Rubric]) -> RubricBuffer:
+    async def _buffer(self, question: str, persistent: Sequence[Rubric], deletions_seen: int | None) -> RubricBuffer:
         if self.store is None:
             return RubricBuffer.empty(question).with_persistent(persistent)
-        loaded = await asyncio.to_thread(load_buffer, self.store, question)
+        loaded = await asyncio.to_thread(load_buffer, self.store, question, deletions_seen)
         updated = loaded.with_persistent(persistent)
         if updated is loaded:
             return loaded
-        return await asyncio.to_thread(save_buffer, self.store, updated)  # keep the new persistent rubrics
+        return await asyncio.to_thread(save_unless_deleted, self.store, updated)  # keep the new persistent rubrics
 
     @staticmethod
     def _answer_rubrics(question: str, trajectories: Sequence[Trajectory], buffer: RubricBuffer) -> _AnswerRubrics:

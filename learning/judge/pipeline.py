@@ -15,6 +15,7 @@ from learning.judge.feedback import feedback_rubrics
 from learning.judge.types import Judgement, Rubric, TrajectoryJudge, Usage
 from learning.judge.user_rubrics import session_user_rubrics
 from store.people import own_feedback
+from store.errors import SessionNotFound
 from store.records import SessionRecord, normalise_question
 from store.session_log import SessionLog
 
@@ -65,7 +66,14 @@ async def judge_pending(
         own[rec.session_id] = plan + notes[mine]
         key = mine[0] + (f"\0{rec.owner}" if notes[mine] else "") + (f"\0{rec.session_id}" if plan else "")
         groups.setdefault(key, []).append(rec)
-    for recs in groups.values():
+    for read in groups.values():
+        # Deletion wins (issue 46): the epoch is read first, then the group again, so a session deleted since the
+        # start is left out, and a deletion from here on keeps the judge from saving the question's buffer.
+        seen = log.deletion_epoch()
+        recs = _still_there(log, read)
+        if not recs:
+            say(f"skipped {len(read)} session(s) deleted while judging")
+            continue
         summary.groups += 1
         say(f"judging {len(recs)} session(s): {recs[0].question[:80]!r}")
         try:
@@ -73,7 +81,8 @@ async def judge_pending(
             scoped = {"session_rubrics": own[recs[0].session_id]} if own[recs[0].session_id] else {}
             with telemetry.judge_group_span(kind=judge.kind, model=judge.model,
                                             sessions=[r.session_id for r in recs]):
-                judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs], **scoped)
+                judgements = await judge.judge_group(recs[0].question, [r.trajectory for r in recs],
+                                                     deletions_seen=seen, **scoped)
             if len(judgements) != len(recs):
                 raise RuntimeError(f"the judge returned {len(judgements)} judgements for {len(recs)} sessions")
         except Exception as exc:  # a judge failure is recorded per session; the batch goes on
@@ -94,6 +103,17 @@ async def judge_pending(
                 summary.failed += 1
                 say(f"  {r.session_id}: {message}")
     return summary
+
+
+def _still_there(log: SessionLog, recs: list[SessionRecord]) -> list[SessionRecord]:
+    """The group's sessions read again, less those deleted since the batch was read."""
+    found = []
+    for r in recs:
+        try:
+            found.append(log.get(r.session_id))
+        except SessionNotFound:
+            continue
+    return found
 
 
 def _store(log: SessionLog, r: SessionRecord, j: Judgement, summary: JudgeRunSummary, say: Progress) -> None:

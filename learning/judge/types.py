@@ -164,8 +164,14 @@ class JsonJudge(Protocol):
 class RubricBufferStore(Protocol):
     """Where per-question rubric buffers persist (store.session_log.SessionLog implements it)."""
 
-    def save_rubric_buffer(self, question_sha: str, question: str, payload: Mapping[str, object]) -> int:
-        """Save; returns the new version."""
+    def deletion_epoch(self) -> int:
+        """How many data deletions the store has recorded (read before the data a buffer is made from)."""
+        ...
+
+    def save_rubric_buffer(self, question_sha: str, question: str, payload: Mapping[str, object], *,
+                           deletions_seen: int | None = None) -> int:
+        """Save; returns the new version. Raises store.errors.DeletedMeanwhile (nothing written) when a deletion was
+        recorded since `deletions_seen`."""
         ...
 
     def load_rubric_buffer(self, question_sha: str) -> tuple[dict[str, Any], int] | None:
@@ -181,7 +187,7 @@ class TrajectoryJudge(Protocol):
 
     async def judge_group(
         self, question: str, trajectories: Sequence[Trajectory], persistent: Sequence[Rubric] = (), *,
-        session_rubrics: Sequence[Rubric] = (),
+        session_rubrics: Sequence[Rubric] = (), deletions_seen: int | None = None,
     ) -> list[Judgement]:
         """One Judgement per trajectory, in order. Never raises for a bad judge answer: failures are recorded in
         the Judgement (None scores, `failed_stages`, fallback); raises JudgeUnavailable only if nothing could be
@@ -189,5 +195,7 @@ class TrajectoryJudge(Protocol):
 
         `persistent` rubrics join the question's buffer (every later judgement of the question uses them);
         `session_rubrics` (a user's approved plan rubric, issue 21) are Answer-stage rubrics for THIS group only:
-        scored like persistent ones, never saved in the buffer, so no other session of the question meets them."""
+        scored like persistent ones, never saved in the buffer, so no other session of the question meets them.
+        `deletions_seen`: the store's `deletion_epoch()` read before the trajectories were (None: read it when the
+        buffer is loaded); a deletion recorded since then keeps the buffer from being saved (issue 46)."""
         ...

@@ -119,9 +119,10 @@ class VerifiableJudge:
         self.model = inner.model
 
     async def judge_group(self, question: str, trajectories: Sequence[Trajectory],
-                          persistent: Sequence[Rubric] = (), *, session_rubrics: Sequence[Rubric] = ()
-                          ) -> list[Judgement]:
-        judgements = await self.inner.judge_group(question, trajectories, persistent, session_rubrics=session_rubrics)
+                          persistent: Sequence[Rubric] = (), *, session_rubrics: Sequence[Rubric] = (),
+                          deletions_seen: int | None = None) -> list[Judgement]:
+        judgements = await self.inner.judge_group(question, trajectories, persistent, session_rubrics=session_rubrics,
+                                                  deletions_seen=deletions_seen)
         gold = self.golds.get(normalize_question(question))
         return [self._with_term(j, t, gold) for j, t in zip(judgements, trajectories, strict=True)]
 

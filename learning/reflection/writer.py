@@ -22,11 +22,15 @@ Decisions taken here (METHOD open points 16 and 18):
 - Failures: a policy failure stores nothing and raises. A judge failure still stores the batch (scores None, the
   judge's error on each valid candidate) and banks nothing. A bank failure leaves the batch stored and says why in
   the outcome.
+- Deletion wins (issue 46): the batch cannot be stored once the session is deleted (the store refuses it), and after
+  the bank write the session is looked up again: if a deletion committed in between, the item is taken out of the
+  bank at once (outcome "session_deleted"); a deletion committing later finds the item by its session id itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -41,7 +45,7 @@ from learning.judge.llm import TOOL_OUTPUT_CHARS, render_trajectory
 from learning.judge.offline_reflection import block_body
 from learning.judge.reflection import BLOCKS, validity_error
 from learning.judge.types import Judgement, ReflectionScore, Rubric
-from store.errors import StoreError
+from store.errors import SessionNotFound, StoreError
 from store.records import BankItem, PromptRecord, SessionRecord, Trajectory
 from store.rubric_bank import RubricBank
 from store.session_log import ReflectionCandidate, SessionLog
@@ -63,9 +67,11 @@ USER_LAYOUT = (
 )
 
 _PROMPTS = PromptFolder("learning.prompts")
+_log = logging.getLogger(__name__)
 
 OutcomeReason = Literal[
-    "accepted", "below_threshold", "no_valid_candidate", "judge_failed", "bank_write_failed", "bank_kept_newer"
+    "accepted", "below_threshold", "no_valid_candidate", "judge_failed", "bank_write_failed", "bank_kept_newer",
+    "session_deleted",
 ]
 Progress = Callable[[str], None]
 
@@ -345,7 +351,31 @@ async def write_reflection(
         await asyncio.to_thread(log.mark_reflection_accepted, batch_id, best.index, item.id)
     except StoreError as exc:  # the item is in the bank; only the log's link to it is missing
         detail += f"; the log could not mark it accepted: {type(exc).__name__}: {exc}"
+    if await asyncio.to_thread(_deleted, log, session_id):
+        return outcome("session_deleted", await asyncio.to_thread(_withdraw, bank, session_id, item.id))
     return outcome("accepted", detail, accepted=item.id)
+
+
+def _deleted(log: SessionLog, session_id: str) -> bool:
+    """Whether the session is gone (a deletion committed since the batch was stored). Asked after the bank write:
+    a deletion committing after this answer runs its bank part after the write, and removes the item itself."""
+    try:
+        log.get(session_id)
+    except SessionNotFound:
+        return True
+    return False
+
+
+def _withdraw(bank: RubricBank, session_id: str, item_id: str) -> str:
+    """Take back an item written for a session deleted meanwhile (deletion wins, issue 46); says what happened."""
+    try:
+        bank.delete_derived([session_id], [item_id])
+    except Exception as exc:  # noqa: BLE001 - the bank is an external service; say so rather than raise
+        _log.error("reflection %s of deleted session %s could not be removed from the bank: %s: %s", item_id,
+                   session_id, type(exc).__name__, exc)
+        return f"the session was deleted meanwhile, and its item {item_id} could not be removed from the bank " \
+               f"({type(exc).__name__}); `rubricem bank delete {item_id}` removes it"
+    return "the session was deleted meanwhile; its item was taken out of the bank again"
 
 
 _WRITE_OPTIONS = frozenset({"candidates", "temperature", "threshold", "max_tokens", "trajectory_chars", "seed"})

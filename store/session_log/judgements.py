@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from store.errors import InvalidInput, SessionNotCompleted
+from store.errors import DeletedMeanwhile, InvalidInput, SessionNotCompleted
 from store.session_log.codec import iso, label_in, mapping_in
 from store.session_log.connection import SessionLogBase
 
@@ -117,11 +117,34 @@ class JudgementsMixin(SessionLogBase):
             ).fetchall()
         return [str(r[0]) for r in rows]
 
-    def save_rubric_buffer(self, question_sha: str, question: str, payload: Mapping[str, object]) -> int:
-        """Insert or replace the rubric buffer of a question; returns its new version (1, 2, ...)."""
+    def deletion_epoch(self) -> int:
+        """How many data deletions this store has recorded (it only grows; `store.deletion` writes one row each).
+
+        A writer of something derived from people's data (a judge's rubric buffer) reads it BEFORE it reads that
+        data, and hands it to the save: a save that finds it grown writes nothing (`DeletedMeanwhile`)."""
+        with self._transaction("DEFERRED") as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM data_deletions").fetchone()[0])
+
+    def save_rubric_buffer(self, question_sha: str, question: str, payload: Mapping[str, object], *,
+                           deletions_seen: int | None = None) -> int:
+        """Insert or replace the rubric buffer of a question; returns its new version (1, 2, ...).
+
+        `deletions_seen`: the `deletion_epoch()` read before the sessions and the buffer this payload was made
+        from. Checked in the write's own transaction (writes are serialised, so a deletion commits wholly before or
+        after it): when a deletion was recorded since, the payload may hold the question text and rubrics of
+        sessions that are gone, so nothing is written. None skips the check (a buffer from no one's sessions).
+
+        Raises:
+            DeletedMeanwhile: a deletion was recorded since `deletions_seen` (nothing written).
+        """
         values = (label_in(question_sha, "question_sha"), mapping_in(payload, "payload"))
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
+            if deletions_seen is not None:
+                epoch = int(conn.execute("SELECT COUNT(*) FROM data_deletions").fetchone()[0])
+                if epoch != deletions_seen:
+                    raise DeletedMeanwhile(f"{epoch - deletions_seen} data deletion(s) were recorded since this "
+                                           "rubric buffer was read; it is not saved")
             row = conn.execute("SELECT version FROM rubric_buffers WHERE question_sha = ?", (values[0],)).fetchone()
             version = int(row[0]) + 1 if row else 1
             conn.execute(

@@ -23,7 +23,7 @@ def test_base_adapter_follows_the_settings(tmp_path: Path) -> None:
 
 
 def test_live_base_keeps_the_starting_adapter_loaded(smollm2_dir: Path, tmp_path: Path) -> None:
-    from learning.local_policy import TransformersPolicyClient
+    from learning.engines.local_policy import TransformersPolicyClient
 
     policy = TransformersPolicyClient(smollm2_dir, adapter_path=SHIPPED_SFT_ADAPTER, version="sft")
     try:

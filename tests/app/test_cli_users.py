@@ -102,3 +102,14 @@ def test_delete_data_removes_rows_and_bank_items_and_marks_versions(env: dict[st
     assert RubricBank(StoreConfig(data_dir=data)).count() == 0
     again = rubricem(["users", "delete-data", "dave", "--yes"], env)
     assert again.returncode == 2 and again.stderr.strip() == "error: no user 'dave'"
+
+
+def test_no_account_name_is_local_or_mcp_in_other_letters(env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 46, item 10: `local` (the operator) and `mcp` (the MCP identity) were refused as account names only as
+    written in lower case, so `Local` or `MCP` made an account that reads as the operator's or the MCP's in every
+    list of owners and every history filter."""
+    for name in ("Local", "LOCAL", "MCP", "Mcp"):
+        added = rubricem(["users", "add", name, "--password-stdin", "--admin"], env, "a long enough pw\n")
+        assert added.returncode == 2 and "other than 'local' and 'mcp'" in added.stderr, (name, added.stderr)
+    with SessionLog(tmp_path / "data" / "rubricem.sqlite3") as log:
+        assert [u.user_id for u in Users(log).list() if u.kind == "password"] == []

@@ -15,12 +15,12 @@ import pytest
 
 from app.container import ConfigurationError, build_policy
 from app.settings import Settings
-from learning.local_policy import TransformersPolicyClient
+from learning.engines.local_policy import TransformersPolicyClient
 from store.config import StoreConfig
 
 pytest.importorskip("llama_cpp")
 
-from learning.llamacpp_engine import EmbeddedLlamaCppClient  # noqa: E402
+from learning.engines.llamacpp_engine import EmbeddedLlamaCppClient  # noqa: E402
 
 
 def _settings(tmp_path: Path, **agent: object) -> Settings:

@@ -43,6 +43,8 @@ SECRET = "WOMBAT-QUASAR-8812"
 ALICE_Q = f"Which river flows past the town where {SECRET} grew up?"
 LOCAL_Q = f"What did {SECRET} write about medieval Kent?"
 MCP_Q = "Who was Haymo of Faversham?"
+CAROL_Q = "How do you bake sourdough bread at home?"  # far from every query below
+UNASKED_Q = "How do glaciers carve a valley?"  # nobody asked anything like it
 
 
 # ---- a policy server that holds completions ---------------------------------------------------------------------
@@ -113,11 +115,12 @@ def base_env(data: Path) -> dict[str, str]:
 
 
 def _seed(data: Path) -> tuple[str, str, str]:
-    """Alice's and the operator's (`local`) sessions and one of the MCP identity's, each with a bank item."""
+    """Alice's, the operator's (`local`) and carol's sessions and one of the MCP identity's, each with a bank item;
+    returns the first three's ids."""
     sids = []
     bank = RubricBank(StoreConfig(data_dir=data))
     with SessionLog(data / "rubricem.sqlite3") as log:
-        for owner, question in (("alice", ALICE_Q), ("local", LOCAL_Q), ("mcp", MCP_Q)):
+        for owner, question in (("alice", ALICE_Q), ("local", LOCAL_Q), ("mcp", MCP_Q), ("carol", CAROL_Q)):
             sid = log.create_session(question, PROMPT, {}, "base", owner=owner, source="chat")
             log.finish(sid, "completed", report=f"{owner}'s report")
             bank.put(BankItem.new(question=question, rubrics=f"RUBRIC-{owner}", takeaways=f"TAKEAWAY-{owner}",
@@ -216,6 +219,28 @@ def test_search_bank_withholds_other_peoples_questions(served: Served) -> None:
     exact_hits = {h["rubrics"]: h for h in exact.structured_content["hits"]}
     assert "RUBRIC-alice" not in exact_hits and {"RUBRIC-local", "RUBRIC-mcp"} <= set(exact_hits)
     assert SECRET not in _text(broad) + _text(exact)
+
+
+def test_search_bank_answers_alike_whether_or_not_someone_asked(served: Served) -> None:
+    """Issue 46, item 2: other people's reflections on (nearly) the query were dropped after the top k had been
+    taken, so with k = 1 alice's exact question gave 0 hits where any question nobody asked gave 1, and 4-decimal
+    similarities let a caller climb towards a hidden question. Now every k answers as many hits for her question as
+    for one nobody asked, on a 0.1 grid, and the similarity floor compares with the coarse value."""
+    ks = range(1, 6)
+    out = asyncio.run(_calls(served.url, [("search_bank", {"query": q, "k": k}) for q in (ALICE_Q, UNASKED_Q)
+                                          for k in ks]))
+    assert not any(r.is_error for r in out), [_text(r) for r in out]
+    asked, unasked = ([len(r.structured_content["hits"]) for r in part] for part in (out[:len(ks)], out[len(ks):]))
+    assert asked == unasked, (asked, unasked)
+    assert asked[0] == 1
+    hits = [h for r in out for h in r.structured_content["hits"]]
+    assert "RUBRIC-alice" not in {h["rubrics"] for r in out[:len(ks)] for h in r.structured_content["hits"]}
+    assert all(round(h["similarity"], 1) == h["similarity"] for h in hits), hits
+    # A floor a hair above a shown similarity leaves that hit out, so bisecting the floor finds nothing finer.
+    best = out[len(ks)].structured_content["hits"][0]
+    (floored,) = asyncio.run(_calls(served.url, [("search_bank", {"query": UNASKED_Q, "k": 1,
+                                                                   "min_similarity": best["similarity"] + 0.01})]))
+    assert best["id"] not in {h["id"] for h in floored.structured_content["hits"]}, _text(floored)
 
 
 def test_search_bank_refuses_a_large_k_and_a_negative_similarity_floor(served: Served) -> None:

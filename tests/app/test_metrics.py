@@ -215,6 +215,48 @@ def test_a_scheduler_run_locked_out_by_another_cycle_counts_as_skipped_in_both_v
             - value(before, "rubricem_retrain_cycles_total", outcome="skipped")) == 1
 
 
+def test_the_scheduler_endpoint_answers_only_its_own_host_names_like_the_mcp_server(tmp_path: Path) -> None:
+    """Issue 46: a web page whose DNS name an attacker rebinds to 127.0.0.1 reads /metrics with its own name as Host
+    (and, from script, its own Origin); the scheduler's endpoint refuses both, as the MCP server's does."""
+    settings = Settings(store=StoreConfig(data_dir=tmp_path / "data"),
+                        telemetry=TelemetryConfig(metrics_port=free_port()))
+    metrics = serve_metrics(settings)
+    assert metrics is not None
+    url = f"http://127.0.0.1:{metrics.port}{METRICS_PATH}"
+    try:
+        with httpx2.Client(timeout=30) as http:
+            rebound = http.get(url, headers={"Host": f"rebound.example:{metrics.port}"})
+            from_page = http.get(url, headers={"Origin": "http://rebound.example"})
+            own = [http.get(url, headers={"Host": f"{name}:{metrics.port}"}) for name in ("127.0.0.1", "localhost")]
+    finally:
+        metrics.close()
+    assert (rebound.status_code, from_page.status_code) == (421, 403)
+    assert "rubricem_" not in rebound.text + from_page.text
+    assert [r.status_code for r in own] == [200, 200] and "rubricem_store_up" in own[0].text
+
+
+def test_a_wildcard_metrics_bind_needs_the_host_names_its_scrapers_use(tmp_path: Path) -> None:
+    wildcard = TelemetryConfig(metrics_host="0.0.0.0", metrics_port=free_port())
+    try:
+        server = serve_metrics(Settings(store=StoreConfig(data_dir=tmp_path / "data"), telemetry=wildcard))
+    except ValueError as exc:
+        assert "RUBRICEM_TELEMETRY__METRICS_ALLOWED_HOSTS" in str(exc)
+    else:
+        assert server is not None
+        server.close()
+        pytest.fail("the scheduler served /metrics on every interface without knowing its Host names")
+    named = wildcard.model_copy(update={"metrics_allowed_hosts": ["scheduler"]})
+    server = serve_metrics(Settings(store=StoreConfig(data_dir=tmp_path / "data"), telemetry=named))
+    assert server is not None
+    try:
+        with httpx2.Client(timeout=30) as http:
+            url = f"http://127.0.0.1:{server.port}{METRICS_PATH}"
+            assert http.get(url, headers={"Host": f"scheduler:{server.port}"}).status_code == 200
+            assert http.get(url, headers={"Host": f"rebound.example:{server.port}"}).status_code == 421
+    finally:
+        server.close()
+
+
 def test_port_zero_serves_nothing(tmp_path: Path) -> None:
     settings = Settings(store=StoreConfig(data_dir=tmp_path), telemetry=TelemetryConfig(metrics_port=0))
     assert serve_metrics(settings) is None
@@ -272,10 +314,13 @@ def test_sessions_by_status_match_the_sessions_list_on_both_backends(
 
 
 def test_a_store_that_does_not_answer_is_reported_and_the_rest_is_still_served(tmp_path: Path) -> None:
+    from app.hostcheck import host_rule
     from app.metrics import start_metrics_server
 
     log = SessionLog(tmp_path / "s.db")
-    server = start_metrics_server(metrics_registry(log), "127.0.0.1", free_port())
+    port = free_port()
+    rule = host_rule("127.0.0.1", port, who="the test's endpoint", setting="-")
+    server = start_metrics_server(metrics_registry(log), "127.0.0.1", port, rule)
     try:
         log.close()  # the store is gone from under the endpoint
         samples = scrape(server.url)

@@ -5,6 +5,7 @@ and ScriptedPolicy; the prompt gets its rubrics and takeaways, never the questio
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 from agent.config import AgentConfig, RunOptions, StageTokenCaps
@@ -36,6 +37,9 @@ def test_a_reflection_from_one_persons_question_reaches_another_without_their_wo
                         takeaways="1. TAKEAWAY-MARK search the friar's biography first.", score=0.8,
                         judge_model="judge", policy_version="base", session_id=alice)
     bank.put(item)
+    # A shared bank never answers with its last item (issue 46: its end would show what was left out), so one more.
+    bank.put(BankItem.new(question="How do you bake sourdough bread at home?", rubrics="r", takeaways="t", score=0.5,
+                          judge_model="judge", policy_version="base", session_id=alice))
 
     svc = ResearchService(ScriptedPolicy(well_formed()), local_tools, log, AgentConfig(), bank)  # type: ignore[arg-type]
     with acting_as("bob"):
@@ -85,3 +89,43 @@ def test_nobody_can_tell_from_the_bank_whether_someone_else_asked_a_question(
         assert found.mode == "cross" and orphan.id not in found.item_ids
     with acting_as("alice"):  # hers, to her, as before
         assert bank.retrieve(reworded).item_ids[0] == item.id and bank.retrieve(ALICE_Q).mode == "within"
+
+
+def _world(folder: Path, others: list[BankItem], bob_asked: bool) -> ResearchService:
+    """The research service of a deployment whose bank holds `others` (the same ids in every world) and, when
+    `bob_asked`, bob's reflection on NEAR_Q."""
+    log = SessionLog(folder / "s.sqlite3")
+    bank = open_bank(Settings(store=StoreConfig(data_dir=folder / "bank")), log=log)
+    carol = log.create_session("carol's questions", PromptRecord("p", (1,), "s"), {}, "base", owner="carol",
+                               source="chat")
+    for item in others:
+        bank.put(replace(item, session_id=carol))
+    if bob_asked:
+        bob = log.create_session(NEAR_Q, PromptRecord("p", (1,), "s"), {}, "base", owner="bob", source="chat")
+        log.finish(bob, "completed", report="Latin.")
+        bank.put(BankItem.new(question=NEAR_Q, rubrics="BOB-RUBRIC", takeaways="BOB-TAKEAWAY", score=0.9,
+                              judge_model="judge", policy_version="base", session_id=bob))
+    return ResearchService(None, {}, log, AgentConfig(), bank)  # type: ignore[arg-type]
+
+
+NEAR_Q = "Into which language were the books translated in the time of Haymo of Faversham?"  # BOB_Q, reworded
+
+
+def test_the_reflections_used_do_not_tell_whether_someone_asked_a_near_identical_question(tmp_path: Path) -> None:
+    """Issue 46, item 2: the chat says "Used reflections from N similar earlier question(s)", N being what the
+    research service's bank retrieval gives (`ResearchService.references`, top 2 by default). Bob's reflection on
+    (nearly) alice's question was dropped after the top 2 had been taken, so alice got 1 reflection where a bank
+    without bob's got her 2: asking told her that someone had asked it. Both worlds must answer her alike."""
+    others = [replace(BankItem.new(question=q, rubrics=f"RUBRIC-{i}", takeaways=f"TAKEAWAY-{i}", score=0.8,
+                                   judge_model="judge", policy_version="base", session_id="x"), id=f"bank-other-{i}")
+              for i, q in enumerate(("Who was Haymo of Faversham?", "Which order did Haymo of Faversham belong to?",
+                                     "When did Haymo of Faversham die?"))]
+    answers = []
+    for name, bob_asked in (("asked", True), ("not-asked", False)):
+        svc = _world(tmp_path / name, others, bob_asked)
+        with acting_as("alice"):
+            refs = asyncio.run(svc.references(BOB_Q, OPTIONS, lambda _e: None))
+        answers.append((refs.mode, [(h.item.id, h.item.question, h.similarity) for h in refs.hits]))
+    asked, not_asked = answers
+    assert asked == not_asked and len(asked[1]) == 2, answers
+    assert all(round(sim, 1) == sim for _, _, sim in asked[1]), asked  # coarse: nothing to climb towards

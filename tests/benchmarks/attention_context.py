@@ -21,7 +21,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from app.settings import Settings
-    from learning.local_policy import ensure_converted
+    from learning.engines.weights import ensure_converted
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, nargs="+", default=[64, 1000, 3000])

@@ -30,7 +30,7 @@ from agent.config import RunOptions, StageTokenCaps
 from app.batch import BatchItem, run_batch
 from app.container import build
 from app.settings import Settings
-from learning.local_policy import bundled_gguf_path
+from learning.engines.weights import bundled_gguf_path
 from tests.servers import free_port, server_process
 
 ALIAS = "smollm2"

@@ -36,7 +36,8 @@ from agent.ingest import ensure_demo_corpus  # noqa: E402
 from agent.tools.registry import build_tools  # noqa: E402
 from app.durable import DurableSessions  # noqa: E402
 from app.service import ResearchService  # noqa: E402
-from learning.local_policy import TransformersPolicyClient, ensure_converted  # noqa: E402
+from learning.engines.local_policy import TransformersPolicyClient  # noqa: E402
+from learning.engines.weights import ensure_converted  # noqa: E402
 from store.config import StoreConfig  # noqa: E402
 from store.doc_index import DocIndex  # noqa: E402
 from store.session_log import SessionLog  # noqa: E402

@@ -1,9 +1,9 @@
 """Benchmark (not a test): the embedded llama.cpp engine on cores it shares, with and without the contention guard.
 
 llama.cpp's worker threads busy-wait at every barrier of a forward pass, so a decode at more threads than the cores
-left free waits a scheduler time slice per barrier (learning.threads.ContentionGuard). This script decodes the same
-greedy tokens through `EmbeddedLlamaCppClient` in five settings and prints each one's time and its ratio to the
-idle one-thread run, all in one run on one machine:
+left free waits a scheduler time slice per barrier (`learning.engines.threads.ContentionGuard`). This script
+decodes the same greedy tokens through `EmbeddedLlamaCppClient` in five settings and prints each one's time and
+its ratio to the idle one-thread run, all in one run on one machine:
 
     idle, 1 thread · idle, N threads (N = usable CPUs)
     beside a neighbour, 1 thread · N threads fixed (no guard) · N threads from a measured plan (guarded)
@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent.protocols import ChatMessage  # noqa: E402
-from learning.llamacpp_engine import EmbeddedLlamaCppClient  # noqa: E402
-from learning.local_policy import bundled_gguf_path, ensure_converted  # noqa: E402
-from learning.threads import ContentionGuard, ThreadPlan, available_cpus  # noqa: E402
+from learning.engines.llamacpp_engine import EmbeddedLlamaCppClient  # noqa: E402
+from learning.engines.weights import bundled_gguf_path, ensure_converted  # noqa: E402
+from learning.engines.threads import ContentionGuard, ThreadPlan, available_cpus  # noqa: E402
 
 MESSAGES = [ChatMessage("system", "You are a helpful assistant."),
             ChatMessage("user", "Write a short history of the Franciscan order.")]

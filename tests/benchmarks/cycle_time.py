@@ -26,7 +26,7 @@ from app.container import build  # noqa: E402
 from app.scheduler import run_cycle  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from learning.config import LearningConfig, RetrainConfig  # noqa: E402
-from learning.local_policy import ensure_converted  # noqa: E402
+from learning.engines.weights import ensure_converted  # noqa: E402
 from learning.questions import bundled_questions  # noqa: E402
 from store.config import StoreConfig  # noqa: E402
 

@@ -56,7 +56,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agent.protocols import ChatMessage, PromptContext  # noqa: E402
-from learning.local_policy import TransformersPolicyClient, bundled_gguf_path, ensure_converted  # noqa: E402
+from learning.engines.local_policy import TransformersPolicyClient  # noqa: E402
+from learning.engines.weights import bundled_gguf_path, ensure_converted  # noqa: E402
 
 ADAPTER = ROOT / "agent" / "adapters" / "smollm2-sft"
 MODEL_CACHE = ROOT / ".cache" / "models"
@@ -98,7 +99,7 @@ ENGINES = ("torch", "torch-compiled", "llamacpp", "llamacpp-bf16")
 
 def dense_gguf() -> Path:
     """The bundled GGUF de-quantized to bf16 (the torch engine's exact weights), written once into the model cache."""
-    from learning.gguf_lora import write_dense_gguf
+    from learning.engines.gguf_lora import write_dense_gguf
 
     path = MODEL_CACHE / "smollm2-135m-instruct.bf16.gguf"
     if not path.is_file():
@@ -110,7 +111,7 @@ def make_policy(engine: str, args: argparse.Namespace) -> Any:
     """The embedded policy on `engine`, at the benchmark's thread count."""
     model_dir = ensure_converted(MODEL_CACHE)
     if engine.startswith("llamacpp"):
-        from learning.llamacpp_engine import EmbeddedLlamaCppClient
+        from learning.engines.llamacpp_engine import EmbeddedLlamaCppClient
 
         gguf = dense_gguf() if engine == "llamacpp-bf16" else bundled_gguf_path()
         return EmbeddedLlamaCppClient(model_dir, gguf, lora_cache=MODEL_CACHE / "gguf-lora", threads=args.threads,

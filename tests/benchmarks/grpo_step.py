@@ -185,7 +185,7 @@ def _smollm2_dir() -> Path:
     converted = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
     if (converted / "tokenizer.json").is_file() and (converted / "model.safetensors").is_file():
         return converted
-    from learning.local_policy import ensure_converted
+    from learning.engines.weights import ensure_converted
 
     return ensure_converted(ROOT / ".cache" / "models")
 

@@ -237,7 +237,7 @@ def offline_settings(data_dir: Path, model_dir: Path, snippets: int = 5, snippet
     """Settings for a throwaway data folder, the converted SmolLM2 (plus `adapter`, if given, as the policy's starting
     weights), smaller tool outputs, the offline judge; rollouts decoded by `engine` (llamacpp: the bundled GGUF,
     which `model_dir` was converted from)."""
-    from learning.local_policy import bundled_gguf_path
+    from learning.engines.weights import bundled_gguf_path
 
     s = Settings(store=StoreConfig(data_dir=data_dir), agent=AgentConfig(
         embedded_model_path=model_dir, embedded_adapter_path=adapter, local_search_k=snippets,

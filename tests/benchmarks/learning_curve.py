@@ -70,7 +70,7 @@ from learning.eval import curve  # noqa: E402
 from learning.eval.datasets import bench_spec  # noqa: E402
 from learning.eval.heldout import FIGURES, HeldoutItem, load_heldout, session_figures  # noqa: E402
 from learning.grpo import run_options, train  # noqa: E402
-from learning.threads import cpu_model  # noqa: E402
+from learning.engines.threads import cpu_model  # noqa: E402
 from learning.train_config import TrainConfig, load_config  # noqa: E402
 from store.records import STAGES  # noqa: E402
 from store.session_log import SessionLog  # noqa: E402

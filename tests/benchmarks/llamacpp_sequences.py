@@ -3,7 +3,7 @@
 The learning curve's rollouts and evaluation sessions are decoded by llama.cpp one sequence at a time. Decoding a
 group's rollouts at once would put S sequences in one context and decode one token of each per `llama_decode`. That
 pays only if a batched step costs much less than S single steps, so this measures it directly, through the same C API
-the embedded engine uses (`learning.llamacpp_engine`): the bundled Q4_1 SmolLM2, optionally with the shipped SFT
+the embedded engine uses (`learning.engines.llamacpp_engine`): the bundled Q4_1 SmolLM2, optionally with the shipped SFT
 adapter as a GGUF LoRA (what rollouts run), S sequences each holding a `--context`-token prompt, then `--steps`
 decode steps of S tokens. Prefill is timed on 512-token chunks (it is one large batch already: nothing to gain).
 
@@ -104,9 +104,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=48, help="decode steps per measurement (default 48)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
-    from learning.gguf_lora import cached_lora
-    from learning.local_policy import bundled_gguf_path
-    from learning.threads import cpu_model
+    from learning.engines.gguf_lora import cached_lora
+    from learning.engines.weights import bundled_gguf_path
+    from learning.engines.threads import cpu_model
 
     gguf = bundled_gguf_path()
     lora = cached_lora(SFT_ADAPTER, gguf, ROOT / ".cache" / "lora-gguf")

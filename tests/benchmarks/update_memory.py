@@ -36,7 +36,7 @@ def child(args: argparse.Namespace) -> None:
     """One side: updates in a loop, printing one JSON line per update."""
     import torch
 
-    from learning.local_policy import ensure_converted
+    from learning.engines.weights import ensure_converted
     from learning.memory import release_freed_memory
     from learning.model import LoraSettings, load_trainable, trainable_parameters
     from learning.sequences import TrainSequence

@@ -50,7 +50,7 @@ from agent.policy import VLLMPolicyClient  # noqa: E402
 from agent.protocols import ChatMessage, PromptContext  # noqa: E402
 from app.policy_server import LocalVLLMServer, VLLMServerSpec  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from learning.local_policy import ensure_converted  # noqa: E402
+from learning.engines.weights import ensure_converted  # noqa: E402
 from store.config import StoreConfig  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
@@ -109,7 +109,7 @@ def decode(server: LocalVLLMServer, args: argparse.Namespace, model_dir: Path) -
     asyncio.run(vllm_rows())
     import torch
 
-    from learning.local_policy import TransformersPolicyClient
+    from learning.engines.local_policy import TransformersPolicyClient
 
     torch.set_num_threads(args.threads)
     policy = TransformersPolicyClient(model_dir)
@@ -139,7 +139,7 @@ def decode(server: LocalVLLMServer, args: argparse.Namespace, model_dir: Path) -
     try:
         from llama_cpp import Llama
 
-        from learning.local_policy import bundled_gguf_path
+        from learning.engines.weights import bundled_gguf_path
     except ImportError:
         return rows
     llm = Llama(model_path=str(bundled_gguf_path()), n_ctx=4096, n_threads=args.threads, verbose=False)
@@ -159,7 +159,7 @@ def mismatch(server: LocalVLLMServer, args: argparse.Namespace, model_dir: Path)
     """vLLM's (and the embedded sampler's) log-probs against the trainer's recomputation of the same tokens."""
     import torch
 
-    from learning.local_policy import TransformersPolicyClient
+    from learning.engines.local_policy import TransformersPolicyClient
     from learning.model import LoraSettings, load_trainable
     from learning.sequences import TrainSequence, collate, response_logprobs
 
@@ -322,7 +322,9 @@ def batch(server: LocalVLLMServer, tmp: Path, model_dir: Path, levels: list[int]
         tokens = sum(_sampled(log.get(s.session_id).trajectory.turns) for s in log.list_sessions(limit=100))
         rows.append({"engine": engine, "concurrency": level, "done": summary.done, "failed": summary.failed,
                      "seconds": round(summary.seconds, 1), "sampled_tokens": tokens,
-                     "tok_per_s": round(tokens / summary.seconds, 1)})
+                     "tok_per_s": round(tokens / summary.seconds, 1),
+                     "sessions_per_hour": round(3600 * summary.done / summary.seconds, 1),
+                     "embedded_engine": None if url else services.settings.agent.embedded_engine})
         say(f"batch {engine} c={level}: {rows[-1]}")
     return rows
 

@@ -19,7 +19,17 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.docker.test_compose import COMPOSE, DOCKER, argv, flags, interpolate, mounts, settings_for
+from tests.docker.test_compose import (
+    COMPOSE,
+    DOCKER,
+    INTERPOLATION,
+    argv,
+    environment,
+    flags,
+    interpolate,
+    mounts,
+    settings_for,
+)
 
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "rubricem.json"
 DATASOURCES = DOCKER / "grafana" / "provisioning" / "datasources" / "prometheus.yaml"
@@ -164,3 +174,73 @@ def test_promtool_accepts_the_scrape_config_and_every_dashboard_query(dashboard:
     p = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False,
                        timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+# ---- issue 46, item 8: the monitoring defaults ---------------------------------------------------------------------
+
+GRAFANA_IMAGE_ENTRYPOINT = ["/run.sh"]  # grafana/grafana's Dockerfile: ENTRYPOINT [ "/run.sh" ]
+
+
+def _resolve(text: str, shell_env: dict[str, str]) -> str:
+    """Compose's interpolation of `text` with `shell_env` as the shell's (or --env-file's) variables."""
+    def repl(m: re.Match[str]) -> str:
+        value = shell_env.get(m.group(1))
+        if m.group(2) == ":-" and not value or m.group(2) == "-" and value is None:
+            return m.group(3)
+        return value or ""
+
+    return INTERPOLATION.sub(repl, text).replace("$$", "$")
+
+
+def _start_grafana(grafana: dict[str, Any], password: str | None, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """What `docker compose up grafana` runs, with GRAFANA_ADMIN_PASSWORD set to `password` (None: unset): the
+    service's entrypoint and command (the image's when absent) in the container's environment, here with /bin/sh,
+    and a stand-in for the image's /run.sh (Grafana itself) that only says it started."""
+    shell_env = {} if password is None else {"GRAFANA_ADMIN_PASSWORD": password}
+    env = {name: _resolve(value, shell_env) for name, value in environment(grafana).items()}
+    started = tmp_path / "run.sh"
+    started.write_text("#!/bin/sh\necho grafana started\n", encoding="utf-8")
+    started.chmod(0o700)
+    entry = [_resolve(a, shell_env) for a in argv(grafana.get("entrypoint") or GRAFANA_IMAGE_ENTRYPOINT)]
+    command = [_resolve(a, shell_env) for a in argv(grafana.get("command") or [])]
+    cmd = [str(started) if a == "/run.sh" else a for a in entry + command]
+    return subprocess.run(cmd, env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, timeout=30,
+                          check=False)
+
+
+@pytest.mark.parametrize("password", [None, "", "admin", "short-pw"])
+def test_grafana_refuses_to_start_without_a_real_admin_password(
+        compose: dict[str, Any], password: str | None, tmp_path: Path) -> None:
+    """Grafana falls back to admin/admin when GF_SECURITY_ADMIN_PASSWORD is empty: the service must not start."""
+    p = _start_grafana(compose["services"]["grafana"], password, tmp_path)
+    assert "grafana started" not in p.stdout and p.returncode != 0, p.stdout + p.stderr
+    assert "GRAFANA_ADMIN_PASSWORD" in p.stderr
+    assert password in (None, "", "admin") or password not in p.stderr  # never echoed
+
+
+def test_grafana_starts_with_a_set_admin_password(compose: dict[str, Any], tmp_path: Path) -> None:
+    p = _start_grafana(compose["services"]["grafana"], "a-long-grafana-password-7", tmp_path)
+    assert p.returncode == 0 and p.stdout.strip() == "grafana started", p.stdout + p.stderr
+
+
+def test_prometheus_scrapes_the_scheduler_by_a_host_name_its_endpoint_answers(
+        compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler's /metrics answers only its own Host names; Prometheus's DNS discovery would send the container's
+    address as Host, so the scrape config relabels the address to the service name, and compose lists that name."""
+    from app.hostcheck import host_rule
+
+    scrape = yaml.safe_load(PROMETHEUS.read_text(encoding="utf-8"))
+    job = next(j for j in scrape["scrape_configs"] if j["job_name"] == "rubricem-scheduler")
+    (sd,) = job["dns_sd_configs"]
+    relabel = [r for r in job.get("relabel_configs", []) if r.get("target_label") == "__address__"]
+    assert len(relabel) == 1 and relabel[0]["source_labels"] == ["__meta_dns_name"], \
+        "Prometheus would scrape the scheduler by its container address, which no Host check can know"
+    for name in sd["names"]:
+        match = re.fullmatch(relabel[0].get("regex", "(.*)"), name)
+        assert match is not None, name
+        address = match.expand(relabel[0]["replacement"].replace("$1", r"\1"))
+        telemetry = settings_for(name, compose, monkeypatch).telemetry
+        rule = host_rule(telemetry.metrics_host, telemetry.metrics_port, telemetry.metrics_allowed_hosts,
+                         who=name, setting="RUBRICEM_TELEMETRY__METRICS_ALLOWED_HOSTS")
+        assert rule.refusal(address, None) is None, (name, address, rule.hosts)
+        assert rule.refusal(f"rebound.example:{sd['port']}", None) is not None

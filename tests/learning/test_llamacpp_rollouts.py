@@ -27,9 +27,9 @@ def test_rollouts_from_llamacpp_train_and_the_new_adapter_serves_the_next_step(
         smollm2_dir: Path, smollm2_gguf: Path, tmp_path: Path) -> None:
     from app.settings import Settings
     from app.training import build_trainer
-    from learning.gguf_lora import adapter_digest
+    from learning.engines.gguf_lora import adapter_digest
     from learning.grpo import train
-    from learning.llamacpp_engine import EmbeddedLlamaCppClient
+    from learning.engines.llamacpp_engine import EmbeddedLlamaCppClient
     from learning.train_config import load_config
     from store.config import StoreConfig
 

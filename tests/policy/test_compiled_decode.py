@@ -1,4 +1,4 @@
-"""The compiled decode step (learning/compiled_decode.py, `TransformersPolicyClient(compile=True)`).
+"""The compiled decode step (learning/engines/compiled_decode.py, `TransformersPolicyClient(compile=True)`).
 
 Against today's eager kernels: the same greedy tokens, log-probs within bf16 rounding, prefix reuse across turns
 over the static cache, cache buckets that grow, LoRA adapters swapped in without a new graph, and a failing compile
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from agent.protocols import ChatMessage, PromptContext
-from learning.compiled_decode import CompiledDecode
-from learning.local_policy import TransformersPolicyClient
+from learning.engines.compiled_decode import CompiledDecode
+from learning.engines.local_policy import TransformersPolicyClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SFT_ADAPTER = REPO_ROOT / "agent" / "adapters" / "smollm2-sft"
@@ -150,7 +150,7 @@ def test_failed_compile_falls_back_to_eager_with_one_warning(smollm2_dir: Path,
     try:
         ctx = _run(eager.render_prompt(SHORT))
         want = _greedy(eager, ctx, 12)
-        with caplog.at_level(logging.WARNING, logger="learning.local_policy"):
+        with caplog.at_level(logging.WARNING, logger="learning.engines.local_policy"):
             first, second = _greedy(broken, ctx, 12), _greedy(broken, ctx, 12)
         warned = [r for r in caplog.records if "compiled decode step is unavailable" in r.getMessage()]
         assert len(warned) == 1 and "injected compiler failure" in warned[0].getMessage()

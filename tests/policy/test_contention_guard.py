@@ -1,7 +1,7 @@
-"""Backing off to one thread while the cores are oversubscribed (learning.threads.ContentionGuard): the rule on its
-own with a hand-driven clock, then inside the real llama.cpp and torch engines, where a step slower than the guard
-allows switches the next forward to one thread, the plan's count comes back after the back-off, and the tokens are
-those of a one-thread client.
+"""Backing off to one thread while the cores are oversubscribed (`learning.engines.threads.ContentionGuard`): the
+rule on its own with a hand-driven clock, then inside the real llama.cpp and torch engines, where a step slower than
+the guard allows switches the next forward to one thread, the plan's count comes back after the back-off, and the
+tokens are those of a one-thread client.
 
 How slow a contended step really is (the reason for the guard) is measured by tests/benchmarks/contention.py, not
 asserted here: tests never assert on wall-clock time. The engine tests make every step "slow" by giving the guard a
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from agent.protocols import ChatMessage
-from learning.threads import ContentionGuard, ThreadPlan
+from learning.engines.threads import ContentionGuard, ThreadPlan
 
 MESSAGES = [ChatMessage("system", "You are a helpful assistant."),
             ChatMessage("user", "Name the colours of the rainbow, one per line.")]
@@ -46,7 +46,7 @@ def test_a_step_six_times_slower_than_measured_backs_off_to_one_thread_for_a_min
     assert not guard.observe(0.049, 1, 2)  # 4.9× the measured 10 ms: a long context, noise
     assert not guard.observe(0.45, 1, 2)  # 45×, but under the 0.5 s floor: a one-off stall, not the collapse
     assert guard.counts() == (2, 2) and guard.trips == 0
-    with caplog.at_level(logging.INFO, logger="learning.threads"):
+    with caplog.at_level(logging.INFO, logger="learning.engines.threads"):
         assert guard.observe(1.8, 1, 2)  # what a contended step measured (tests/benchmarks/contention.py)
         assert guard.counts() == (1, 1)
         assert not guard.observe(5.0, 1, 1)  # one thread is never "too many"
@@ -116,7 +116,7 @@ def test_llamacpp_backs_off_on_a_slow_step_and_returns_to_the_plan_with_the_same
     smollm2_dir: Path, smollm2_gguf: Path, tmp_path: Path
 ) -> None:
     pytest.importorskip("llama_cpp")
-    from learning.llamacpp_engine import EmbeddedLlamaCppClient
+    from learning.engines.llamacpp_engine import EmbeddedLlamaCppClient
 
     one = EmbeddedLlamaCppClient(smollm2_dir, smollm2_gguf, lora_cache=tmp_path, threads=1, batch_threads=1)
     two = EmbeddedLlamaCppClient(smollm2_dir, smollm2_gguf, lora_cache=tmp_path, threads=2, batch_threads=2)
@@ -143,7 +143,7 @@ def test_torch_backs_off_on_a_slow_step_and_its_decode_steps_run_one_thread(
 ) -> None:
     import torch
 
-    from learning.local_policy import TransformersPolicyClient
+    from learning.engines.local_policy import TransformersPolicyClient
 
     client = TransformersPolicyClient(smollm2_dir, threads=2)
     seen: list[tuple[int, int]] = []  # (new tokens, threads) per forward

@@ -1,4 +1,5 @@
-"""The embedded policy's decode kernels (learning/decode_kernels.py) compute what transformers' eager path computes.
+"""The embedded policy's decode kernels (learning/engines/decode_kernels.py) compute what transformers' eager path
+computes.
 
 The fast path (grouped-query attention read in place, ATen's native matrix-vector products) against the reference
 path (eager attention with `repeat_kv`, oneDNN): the same token ids and log-probs for fixed seeds, greedy and
@@ -15,8 +16,8 @@ from typing import Any
 import pytest
 
 from agent.protocols import ChatMessage, PromptContext
-from learning.decode_kernels import gqa_attention, onednn_disabled
-from learning.local_policy import TransformersPolicyClient
+from learning.engines.decode_kernels import gqa_attention, onednn_disabled
+from learning.engines.local_policy import TransformersPolicyClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SFT_ADAPTER = REPO_ROOT / "agent" / "adapters" / "smollm2-sft"
@@ -103,7 +104,7 @@ def test_onednn_switch_survives_overlapping_holders_in_two_threads() -> None:
 
 def _client(smollm2_dir: Path, dtype: str, fast: bool, adapter: Path | None) -> TransformersPolicyClient:
     """Both paths on torch's default thread count in every phase (the tolerances below were measured so; the
-    measured per-phase counts of learning/threads.py round bf16 products differently)."""
+    measured per-phase counts of learning/engines/threads.py round bf16 products differently)."""
     import torch
 
     kernels = {"decode_attention": "gqa", "decode_matmul": "native"} if fast else \

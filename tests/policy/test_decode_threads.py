@@ -1,5 +1,5 @@
-"""The embedded policy's thread counts (learning/threads.py): chosen from measured timings, cached per machine key,
-fixed counts honoured, and the same greedy tokens whatever the counts."""
+"""The embedded policy's thread counts (learning/engines/threads.py): chosen from measured timings, cached per machine
+key, fixed counts honoured, and the same greedy tokens whatever the counts."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from agent.protocols import ChatMessage
-from learning import threads as th
-from learning.local_policy import TransformersPolicyClient
-from learning.threads import ThreadPlan
+from learning.engines import threads as th
+from learning.engines.local_policy import TransformersPolicyClient
+from learning.engines.threads import ThreadPlan
 
 MESSAGES = [ChatMessage("system", "You are a helpful assistant."),
             ChatMessage("user", "Name the colours of the rainbow, one per line.")]

@@ -1,4 +1,5 @@
-"""llama.cpp as the embedded policy's sampling engine (learning/llamacpp_engine.py, learning/gguf_lora.py; issue 37).
+"""llama.cpp as the embedded policy's sampling engine (learning/engines/llamacpp_engine.py,
+learning/engines/gguf_lora.py; issue 37).
 
 Against the torch engine, which is also the trainer's arithmetic: the same greedy tokens at the start of a
 continuation, and log-probs within the gap the trainer's correction is built for, on the base weights, with the
@@ -26,12 +27,13 @@ import pytest
 
 from agent.errors import ContextTooLong, PolicyUnavailable
 from agent.protocols import ChatMessage, PromptContext
-from learning.local_policy import AdapterLoadError, TransformersPolicyClient
+from learning.engines.client import AdapterLoadError
+from learning.engines.local_policy import TransformersPolicyClient
 
 pytest.importorskip("llama_cpp")
 
-from learning.gguf_lora import GGUFConversionError, convert_lora  # noqa: E402
-from learning.llamacpp_engine import EmbeddedLlamaCppClient  # noqa: E402
+from learning.engines.gguf_lora import GGUFConversionError, convert_lora  # noqa: E402
+from learning.engines.llamacpp_engine import EmbeddedLlamaCppClient  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SFT_ADAPTER = REPO_ROOT / "agent" / "adapters" / "smollm2-sft"

@@ -14,13 +14,9 @@ import pytest
 
 from agent.errors import ContextTooLong
 from agent.protocols import ChatMessage, Generation, PolicyClient, PromptContext
-from learning.local_policy import (
-    MARKER_FILENAME,
-    AdapterLoadError,
-    TransformersPolicyClient,
-    bundled_gguf_path,
-    ensure_converted,
-)
+from learning.engines.client import AdapterLoadError
+from learning.engines.local_policy import TransformersPolicyClient
+from learning.engines.weights import MARKER_FILENAME, bundled_gguf_path, ensure_converted
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = [
@@ -71,7 +67,7 @@ def test_converted_folder_is_reused(smollm2_dir: Path, smollm2_gguf: Path) -> No
 @pytest.mark.slow
 def test_concurrent_conversion_happens_once(tmp_path: Path, smollm2_gguf: Path) -> None:
     code = (
-        "import sys; from pathlib import Path; from learning.local_policy import ensure_converted; "
+        "import sys; from pathlib import Path; from learning.engines.weights import ensure_converted; "
         "print(ensure_converted(Path(sys.argv[1]), Path(sys.argv[2])))"
     )
     env_cmd = [sys.executable, "-c", code, str(tmp_path), str(smollm2_gguf)]
@@ -88,7 +84,7 @@ def test_concurrent_conversion_happens_once(tmp_path: Path, smollm2_gguf: Path) 
 
 
 def test_missing_gguf_is_a_clear_error(tmp_path: Path) -> None:
-    from learning.local_policy import ModelConversionError
+    from learning.engines.weights import ModelConversionError
 
     with pytest.raises(ModelConversionError, match="not found"):
         ensure_converted(tmp_path, tmp_path / "missing.gguf")

@@ -12,7 +12,11 @@ question here), so these tests load no model.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -186,3 +190,112 @@ def test_dns_rebinding_reaches_no_open_ui(tmp_path: Path) -> None:
                 assert mine.get_by_text("answers only to localhost").count() == 0
             finally:
                 browser.close()
+
+
+
+class ForgingForwarder:
+    """A local TCP forwarder (what `ssh -L` or socat is) run by the attacker: every connection it forwards gets an
+    `X-Forwarded-For` header naming a new made-up address (203.0.113.1, .2, ...), added after its request line."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port, self.count = target_port, 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            self.count += 1
+            threading.Thread(target=self._serve, args=(client, f"203.0.113.{self.count}"), daemon=True).start()
+
+    def _serve(self, client: socket.socket, forged: str) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        head = b""
+        while b"\r\n" not in head and (chunk := client.recv(65536)):
+            head += chunk
+        line, _, rest = head.partition(b"\r\n")
+        upstream.sendall(line + f"\r\nX-Forwarded-For: {forged}\r\n".encode() + rest)
+        threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
+        _pipe(client, upstream)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while chunk := src.recv(65536):
+            dst.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+
+def _login_answers(url: str, guesses: int) -> list[str]:
+    """Guesses at the login form of the UI at `url`, each from a new browser session (a new page, so a new
+    Streamlit session) and a new account name, so only the per-address count can stop them. The pages are loaded
+    and filled first, then sent one after another, each as soon as the previous one is answered (well inside the
+    first 2 s back-off). Returns what the page answered to each."""
+    from playwright.sync_api import sync_playwright
+
+    answer = re.compile("Wrong name or password|Too many failed logins|checking many logins")
+    out: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"])
+        try:
+            pages = []
+            for i in range(guesses):
+                page = browser.new_context().new_page()
+                page.goto(url)
+                page.get_by_label("Name", exact=True).fill(f"sprayed-{i}")
+                page.get_by_label("Password", exact=True).fill("a guessed password")
+                pages.append(page)
+            for page in pages:
+                page.get_by_role("button", name="Log in").click()
+                shown = page.get_by_text(answer).first
+                shown.wait_for(timeout=60_000)
+                out.append(shown.inner_text())
+        finally:
+            browser.close()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")
+def test_a_forged_forwarded_address_gets_no_fresh_login_count(tmp_path: Path) -> None:
+    """Issue 46, item 3: Streamlit's uvicorn took X-Forwarded-For from any loopback peer as the client address, so
+    through a local forwarder every guess could claim a new address and the per-address limit never began. The real
+    `rubricem ui` (a shared password, 3 free attempts, no bcrypt budget in the way) gets 6 guesses through a
+    forwarder that forges a new address for each connection: at most 3 passwords may be checked before the address
+    is told to wait. With the forwarder named in RUBRICEM_UI__TRUSTED_PROXIES, each forwarded address counts as its
+    own client again."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RUBRICEM_")} | {
+        "HF_HUB_OFFLINE": "1", "RUBRICEM_UI__PASSWORD": SHARED, "RUBRICEM_UI__LOGIN_FREE_ATTEMPTS": "3",
+        "RUBRICEM_UI__LOGIN_CHECKS_PER_S": "1000"}
+
+    def through_forwarder(folder: Path, env: dict[str, str], guesses: int) -> list[str]:
+        folder.mkdir(exist_ok=True)
+        with running_ui(folder, env | {"RUBRICEM_STORE__DATA_DIR": str(folder / "data")}) as url:
+            forwarder = ForgingForwarder(urlsplit(url).port or 0)
+            try:
+                return _login_answers(f"http://127.0.0.1:{forwarder.port}/", guesses)
+            finally:
+                forwarder.close()
+
+    forged = through_forwarder(tmp_path / "peer", base, 6)
+    checked = [a for a in forged if "Wrong name or password" in a]
+    # The old server checked all 6, each forged address with a fresh count.
+    assert forged[:3] == ["Wrong name or password."] * 3 and len(checked) < 6, forged
+    assert any("Too many failed logins from your address" in a for a in forged[3:]), forged
+
+    trusted = base | {"RUBRICEM_UI__TRUSTED_PROXIES": '["127.0.0.1"]'}
+    proxied = through_forwarder(tmp_path / "trusted", trusted, 4)
+    assert proxied == ["Wrong name or password."] * 4, proxied  # four clients, one guess each

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import html
 from dataclasses import replace
+
+from markdown_it import MarkdownIt
 
 from agent.followup import FOLLOW_UP_MARK, follow_up_question, typed_question
 from agent.report import build_report
@@ -12,6 +15,7 @@ from app.ui.view import (
     anchor,
     bank_explanation,
     cited_html,
+    one_line_html,
     references_html,
 )
 from store.records import SessionRecord, Snippet
@@ -99,6 +103,27 @@ def test_citations_link_to_the_references_and_model_text_is_escaped() -> None:
         Snippet("x-1", "web", "Safe", "text", "https://example.org/a?b=1&c=2"))), "s")
     assert 'href="javascript' not in refs and "&lt;i&gt;" in refs
     assert 'href="https://example.org/a?b=1&amp;c=2"' in refs and 'id="ref-s-2"' in refs
+
+
+def test_blank_lines_in_the_answer_or_a_source_url_never_reach_the_markdown_parser() -> None:
+    """Issue 46, finding 1: the page hands these panels to Streamlit's Markdown renderer with raw HTML on, where a
+    blank line ends the HTML block. Rendered the same way (CommonMark, html on) they must come back unchanged: one
+    HTML block, no image. The browser test (test_ui_browser_markup) shows the same on the real page."""
+    pixel = "![x](http://127.0.0.1:9/b.png)"
+    report = build_report(trajectory(answer='Latin <cite id="abcd0001-0">it was Latin</cite>.'))
+    crafted = [replace(report, body=f"Latin [1].\n\n```\nquoted{gap}{pixel}\n```", references=(
+        Snippet("abcd0001-0", "web", "A title", "text", f"file:notes{gap}{pixel}"),))
+               for gap in ("\n\n", "\r\n\r\n", "\r\r", "\n \t\n")]
+    render = MarkdownIt("commonmark", {"html": True})
+    for r in crafted:
+        for panel in (cited_html(r, "s"), references_html(r, "s")):
+            assert "\n" not in panel and "\r" not in panel
+            assert render.render(panel) == panel, panel  # the Markdown pass hands the block over whole
+            assert "<img" not in render.render(panel)
+        assert f"<code>file:notes {pixel}</code>" in references_html(r, "s")  # a location shows on one line
+    # the browser reads the same text back: the code block keeps its lines
+    assert f"<code>quoted\n\n{pixel}\n</code>" in html.unescape(cited_html(crafted[0], "s"))
+    assert one_line_html("<div>a\r\nb\rc\nd</div>") == "<div>a&#10;b&#10;c&#10;d</div>"
 
 
 def test_follow_up_questions_carry_context_within_the_limit() -> None:

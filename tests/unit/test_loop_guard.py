@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from learning.local_policy import LOOP_REPEATS, LOOP_WINDOW, LoopGuard
+from learning.engines.sampling import LOOP_REPEATS, LOOP_WINDOW, LoopGuard
 
 
 def _first_stop(tokens: list[int], guard: LoopGuard) -> int | None:

@@ -6,8 +6,8 @@ nothing) turns the 30 layers' norms, rotary embeddings, attention, activations a
 C++ loops, and `INDUCTOR_OPTIONS` has inductor write the one-row matrix-vector products as fused loops too
 (`decompose_mm_pass`: a product whose left side has one row and whose sides are at most 2,048 wide becomes
 multiply-and-sum). The tied 49,152-row output projection stays an ATen call, run with oneDNN off as in eager mode.
-Attention is `learning.decode_kernels.gqa_attention`, which under compilation is written as sums that read the cache
-in place.
+Attention is `learning.engines.decode_kernels.gqa_attention`, which under compilation is written as sums that read
+the cache in place.
 
 Shapes: one graph per cache length, so the cache comes in `DEFAULT_BUCKETS` lengths: a request gets the smallest
 bucket that holds its prompt and `max_tokens` (a bigger cache costs attention over its whole length: masked

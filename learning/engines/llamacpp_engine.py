@@ -8,8 +8,9 @@ tokens are weighted by the truncated importance ratio π_old / π_sampler, and a
 `TrainConfig.max_sampler_kl` is skipped with the reason).
 
 `EmbeddedLlamaCppClient` keeps everything above the forward pass identical to `TransformersPolicyClient`: the same
-Hugging Face tokenizer and chat template (so token ids are the trainer's), the same sampler (`_Row.push`: seeded
-torch generator, temperature, stop strings, EOS, LoopGuard), the same prefix reuse between a session's turns. Only
+request surface (`learning.engines.client.EmbeddedClient`), Hugging Face tokenizer and chat template (so token ids
+are the trainer's), the same sampler (`learning.engines.sampling`: seeded torch generator, temperature, stop strings,
+EOS, LoopGuard), the same prefix reuse between a session's turns. Only
 the logits come from llama.cpp, through its C API (`llama_cpp.llama_cpp`, the ctypes bindings of llama-cpp-python):
 one context with one sequence, a batch per prompt chunk, and `llama_get_logits_ith` for the rows asked for.
 
@@ -21,24 +22,22 @@ are whole sessions, one at a time.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import ctypes
 import logging
-import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.errors import ContextTooLong, PolicyUnavailable
-from agent.policy import check_generate_args
-from agent.protocols import ChatMessage, Generation, PromptContext
-from learning.gguf_lora import GGUFConversionError, cached_lora
-from learning.local_policy import AdapterLoadError, _read_adapter_config, _Row
-from learning.threads import (
+from agent.errors import PolicyUnavailable
+from agent.protocols import Generation
+from learning.engines.client import EmbeddedClient, read_adapter_config
+from learning.engines.gguf_lora import GGUFConversionError, cached_lora
+from learning.engines.sampling import Row, continuation_logprobs, sample
+from learning.engines.threads import (
     PLAN_FILENAME,
     ContentionGuard,
     ThreadPlan,
@@ -50,6 +49,9 @@ from learning.threads import (
     threads_restored,
     use_threads,
 )
+
+if TYPE_CHECKING:  # torch is imported lazily so that importing this module stays cheap
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +229,7 @@ class LlamaCppEngine:
         self.truncate(0)  # cached keys/values came from the old weights
 
 
-class EmbeddedLlamaCppClient:
+class EmbeddedLlamaCppClient(EmbeddedClient):
     """`PolicyClient` whose tokens llama.cpp decodes in this process (see the module docstring).
 
     Args (constructor):
@@ -238,10 +240,10 @@ class EmbeddedLlamaCppClient:
         version: the policy version name of the base weights, or of the adapter when one is given.
         lora_cache: where converted adapters are kept (one file per adapter content).
         threads, batch_threads: llama.cpp threads for one-token steps and for prompts. None: measured on this machine
-            at the first start (`learning.threads`: each count timed round-robin, the fastest kept, a larger count
-            only when it is more than 3 % faster) and cached in `tokenizer_dir/../threads.json` (beside the torch
+            at the first start (`learning.engines.threads`: each count timed round-robin, the fastest kept, a larger
+            count only when it is more than 3 % faster) and cached in `tokenizer_dir/../threads.json` (beside the torch
             engine's plan, under its own key) per CPU model and count. A measured plan of more than one thread backs
-            off to one while the cores are oversubscribed (`learning.threads.ContentionGuard`); fixed counts are
+            off to one while the cores are oversubscribed (`learning.engines.threads.ContentionGuard`); fixed counts are
             used as given.
         n_ctx: the KV cache size; None = the model's trained context (8,192 for SmolLM2).
     """
@@ -282,8 +284,7 @@ class EmbeddedLlamaCppClient:
                                   source=plan.source if measured else "fixed", timings=plan.timings if measured else {})
         self._engine.guard = ContentionGuard.for_plan(self.threads, "llama.cpp")  # None for fixed counts
         self._eos_ids = self._collect_eos_ids(tokenizer_dir)
-        self._lock = threading.Lock()
-        self._closed = False
+        super().__init__()  # the model lock
         self._reuse_prefix = reuse_prefix
         self._cache_ids: list[int] = []  # the token ids whose keys/values are in the engine's cache
         self._last_prompt: tuple[int, ...] = ()
@@ -301,80 +302,9 @@ class EmbeddedLlamaCppClient:
         return self._adapter_version or self._base_version
 
     @property
-    def tokenizer(self) -> Any:
-        """The Hugging Face tokenizer (read-only use)."""
-        return self._tokenizer
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        """Token ids that end generation (never included in a Generation)."""
-        return self._eos_ids
-
-    @property
     def engine(self) -> LlamaCppEngine:
         """The llama.cpp engine (thread counts, context size), read-only use."""
         return self._engine
-
-    async def render_prompt(self, messages: Sequence[ChatMessage]) -> PromptContext:
-        """The chat template with the generation prompt, tokenized (as `TransformersPolicyClient.render_prompt`)."""
-        if not messages:
-            raise ValueError("render_prompt needs at least one message")
-        chat = [{"role": m.role, "content": m.content} for m in messages]
-        text = self._tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
-        return PromptContext(text=text, token_ids=tuple(int(i) for i in ids))
-
-    async def tokenize(self, text: str) -> tuple[int, ...]:
-        """Tokenize inserted text without special tokens."""
-        if not text:
-            return ()
-        return tuple(int(i) for i in self._tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Decode token ids, keeping special tokens."""
-        return self._tokenizer.decode(list(token_ids), skip_special_tokens=False)
-
-    async def generate(self, context: PromptContext, *, stop: Sequence[str], max_tokens: int, temperature: float,
-                       seed: int | None = None) -> Generation:
-        """Sample a continuation, with `TransformersPolicyClient.generate`'s rules (same sampler, other logits)."""
-        prompt, stops, max_tokens = await self._prepare(context, stop, max_tokens, temperature)
-        return await asyncio.to_thread(self._generate_locked, prompt, stops, max_tokens, float(temperature), seed)
-
-    async def generate_group(self, context: PromptContext, n: int, *, stop: Sequence[str], max_tokens: int,
-                             temperature: float, seeds: Sequence[int | None] | None = None) -> list[Generation]:
-        """`n` continuations of one prompt: one prefill, then each row from the prompt's cache (module docstring)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be an int >= 1, not {n!r}")
-        row_seeds = tuple(seeds) if seeds is not None else (None,) * n
-        if len(row_seeds) != n:
-            raise ValueError(f"{len(row_seeds)} seeds given for {n} rows")
-        prompt, stops, max_tokens = await self._prepare(context, stop, max_tokens, temperature)
-        return await asyncio.to_thread(self._group_locked, prompt, stops, max_tokens, float(temperature), row_seeds)
-
-    async def score(self, context: PromptContext, token_ids: Sequence[int], *,
-                    temperature: float = 1.0) -> tuple[float, ...]:
-        """Log-probabilities llama.cpp gives each of `token_ids` after `context`: teacher-forced one token per step,
-        so they equal the sampler's own log-probs for the same tokens."""
-        prompt = tuple(int(i) for i in context.token_ids) or await self.tokenize(context.text)
-        cont = tuple(int(i) for i in token_ids)
-        if not prompt:
-            raise ValueError("score needs a non-empty prompt")
-        if not math.isfinite(temperature) or temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, not {temperature!r}")
-        if not cont:
-            return ()
-        if self._max_context is not None and len(prompt) + len(cont) > self._max_context:
-            raise ContextTooLong(f"{len(prompt) + len(cont)} tokens exceed the context window of {self._max_context}")
-        return await asyncio.to_thread(self._score_locked, prompt, cont, float(temperature))
-
-    @property
-    def busy(self) -> bool:
-        """True while a request or an adapter swap holds the model."""
-        return self._lock.locked()
-
-    async def aclose(self) -> None:
-        """Free llama.cpp's model and context after a request in progress; later requests raise PolicyUnavailable."""
-        await asyncio.to_thread(self._close_locked)
 
     def _close_locked(self) -> None:
         with self._lock:
@@ -396,7 +326,7 @@ class EmbeddedLlamaCppClient:
         path = Path(path)
         if not version:
             raise ValueError("an adapter needs a non-empty version name")
-        _read_adapter_config(path)
+        read_adapter_config(path)
         try:
             converted = cached_lora(path, self._gguf, self._lora_cache)
         except GGUFConversionError:
@@ -421,18 +351,10 @@ class EmbeddedLlamaCppClient:
             self._invalidate_cache()
         log.info("policy adapter unloaded; serving %s", self._base_version)
 
-    async def aload_adapter(self, path: Path | str, version: str) -> None:
-        """`load_adapter` without blocking the event loop."""
-        await asyncio.to_thread(self.load_adapter, path, version)
-
-    async def aunload_adapter(self) -> None:
-        """`unload_adapter` without blocking the event loop."""
-        await asyncio.to_thread(self.unload_adapter)
-
     # -- internals ---------------------------------------------------------------------------------------------------
 
     def _probe_threads(self) -> ThreadPlan:
-        """Time one-token steps and a 64-token prompt at each candidate count (`learning.threads.measure_plan`)."""
+        """Time one-token steps and a 64-token prompt at each candidate count (`threads.measure_plan`)."""
         engine = self._engine
         prompt = list(range(1000, 1064))
 
@@ -477,20 +399,6 @@ class EmbeddedLlamaCppClient:
             ids.add(self._tokenizer.eos_token_id)
         return frozenset(ids)
 
-    async def _prepare(self, context: PromptContext, stop: Sequence[str], max_tokens: int,
-                       temperature: float) -> tuple[tuple[int, ...], tuple[str, ...], int]:
-        stops = check_generate_args(stop, max_tokens, temperature)
-        prompt = tuple(int(i) for i in context.token_ids) or await self.tokenize(context.text)
-        if not prompt:
-            raise ValueError("generate needs a non-empty prompt (context has neither token ids nor text)")
-        if self._max_context is not None:
-            room = self._max_context - len(prompt)
-            if room <= 0:
-                raise ContextTooLong(f"prompt has {len(prompt)} tokens; the model's context window is "
-                                     f"{self._max_context}")
-            max_tokens = min(max_tokens, room)
-        return prompt, stops, max_tokens
-
     def _invalidate_cache(self) -> None:
         self._engine.truncate(0)
         self._cache_ids = []
@@ -505,12 +413,11 @@ class EmbeddedLlamaCppClient:
         own (43 against 60 tok/s on 2 cores) before, the vector work itself being well under a millisecond.
         """
         with self._lock, threads_restored():
-            if self._closed:
-                raise PolicyUnavailable("the embedded policy client is closed")
+            self._check_open()
             use_threads(1)
             yield self.policy_version
 
-    def _prefill(self, prompt: tuple[int, ...]) -> Any:
+    def _prefill(self, prompt: tuple[int, ...]) -> torch.Tensor:
         """The prompt's last-position logits, reusing the cached prefix when the prompt extends the last one."""
         start = 0
         if (self._reuse_prefix and self._last_prompt and len(prompt) > len(self._last_prompt)
@@ -522,29 +429,19 @@ class EmbeddedLlamaCppClient:
         self._last_prompt = prompt
         logits = self._engine.eval(prompt[start:])
         self._cache_ids.extend(prompt[start:])
-        return logits[0]
+        return _tensor(logits[0])
 
-    def _step(self, token: int) -> Any:
+    def _step(self, token: int) -> torch.Tensor:
         logits = self._engine.eval([token])
         self._cache_ids.append(token)
-        return logits[0]
-
-    def _decode_row(self, row: _Row, first_logits: Any) -> Generation:
-        import torch
-
-        logits = torch.from_numpy(first_logits)
-        while True:
-            done = row.push(logits)
-            if done is not None:
-                return done
-            logits = torch.from_numpy(self._step(row.ids[-1]))
+        return _tensor(logits[0])
 
     def _generate_locked(self, prompt: tuple[int, ...], stops: tuple[str, ...], max_tokens: int,
                          temperature: float, seed: int | None) -> Generation:
         with self._holding_model() as version:
             try:
-                row = _Row(self, seed, stops, max_tokens, temperature, version)  # type: ignore[arg-type]
-                return self._decode_row(row, self._prefill(prompt))
+                row = Row(self, seed, stops, max_tokens, temperature, version)
+                return sample(row, self._prefill(prompt), self._step)
             except BaseException:
                 self._invalidate_cache()
                 raise
@@ -558,16 +455,14 @@ class EmbeddedLlamaCppClient:
                 for seed in seeds:
                     self._engine.truncate(len(prompt))
                     self._cache_ids = list(prompt)
-                    row = _Row(self, seed, stops, max_tokens, temperature, version)  # type: ignore[arg-type]
-                    out.append(self._decode_row(row, first.copy()))
+                    row = Row(self, seed, stops, max_tokens, temperature, version)
+                    out.append(sample(row, first.clone(), self._step))
                 return out
             except BaseException:
                 self._invalidate_cache()
                 raise
 
     def _score_locked(self, prompt: tuple[int, ...], cont: tuple[int, ...], temperature: float) -> tuple[float, ...]:
-        import torch
-
         with self._holding_model():
             # One token at a time, as the sampler decodes: a batched pass runs other kernels in llama.cpp (its
             # matrix-matrix products round differently; measured up to 0.25 apart), and scores must be the sampler's.
@@ -576,13 +471,11 @@ class EmbeddedLlamaCppClient:
                 rows = [self._engine.eval(prompt)[0]] + [self._engine.eval([t])[0] for t in cont[:-1]]
             finally:
                 self._invalidate_cache()  # the cache now holds this text, not the session's
-            logits = torch.from_numpy(self._engine.stack(rows))
-            if temperature > 0:
-                logits = logits / temperature
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(cont).unsqueeze(-1)).squeeze(-1)
-            return tuple(float(x) for x in lp.tolist())
+            return continuation_logprobs(_tensor(self._engine.stack(rows)), cont, temperature)
 
-    def _finish(self, ids: list[int], logprobs: list[float], reason: str, stop: str | None, version: str) -> Generation:
-        return Generation(text=self.decode(ids), token_ids=tuple(ids), logprobs=tuple(logprobs),
-                          finish_reason=reason, stop=stop, policy_version=version,  # type: ignore[arg-type]
-                          token_source="server")
+
+def _tensor(logits: Any) -> torch.Tensor:
+    """llama.cpp's logits (a float32 NumPy array, a fresh copy per call) as the tensor the sampler takes."""
+    import torch
+
+    return torch.from_numpy(logits)

@@ -106,7 +106,7 @@ def gqa_attention(
     kv_heads, length = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     rows = query.reshape(b, kv_heads, groups * q, d)
-    # A compiled decode step (learning.compiled_decode) gets the products written as sums over one axis, which
+    # A compiled decode step (learning.engines.compiled_decode) gets the products written as sums over one axis, which
     # inductor turns into loops that read the cache in place, fused with the mask and the softmax; batched products
     # would be ATen calls there, with ATen's slow bf16 kernels (oneDNN's switch holds a lock dynamo cannot trace).
     # The sums accumulate in float32 and round to the query's dtype, as the products do.

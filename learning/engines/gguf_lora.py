@@ -22,24 +22,35 @@ kept by writing alpha·sqrt(rank) as the file's alpha.
 
 `write_dense_gguf` writes the base model itself de-quantized (bf16 or f16), for measuring how much of the sampler's
 gap to the trainer is the 4-bit weights and how much the kernels.
+
+The cache (`cached_lora`, issue 46): llama.cpp trusts whatever GGUF it is given, so a cached conversion is served
+only from a folder no other user can write (nor any folder above it, unless sticky like /tmp), created private, and
+only while its SHA-256 matches the digest recorded beside it when it was written; a file that does not match, has no
+record, or is a link is converted again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
+import logging
 import math
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from learning.local_policy import AdapterLoadError
+from learning.engines.client import AdapterLoadError
+
+log = logging.getLogger(__name__)
 
 LORA_CONVERSION_FORMAT = 1  # bump to re-convert cached adapters
+DIGEST_SUFFIX = ".sha256"  # lora-<key>.gguf.sha256: the SHA-256 of lora-<key>.gguf, recorded as it is written
 _PROJECTIONS = {
     "self_attn.q_proj": "attn_q",
     "self_attn.k_proj": "attn_k",
@@ -182,16 +193,108 @@ def adapter_digest(adapter_dir: Path, base_gguf: Path) -> str:
 
 
 def cached_lora(adapter_dir: Path, base_gguf: Path, cache_dir: Path) -> Path:
-    """The GGUF LoRA of `adapter_dir`, converted once into `cache_dir` and reused while the adapter is unchanged."""
+    """The GGUF LoRA of `adapter_dir`, converted once into `cache_dir` and reused while the adapter is unchanged and
+    the cached file still has the digest recorded when it was written (otherwise it is converted again).
+
+    Raises:
+        GGUFConversionError: the adapter is unreadable or does not convert, or `cache_dir` (or a folder above it) can
+            be written by other users.
+    """
     adapter_dir = Path(adapter_dir)
     try:
         digest = adapter_digest(adapter_dir, base_gguf)
     except OSError as exc:
         raise GGUFConversionError(f"unreadable adapter in {adapter_dir}: {exc}") from exc
-    target = Path(cache_dir) / f"lora-{digest}.gguf"
-    if target.is_file():
+    cache_dir = private_folder(Path(cache_dir))
+    target = cache_dir / f"lora-{digest}.gguf"
+    record = target.with_name(target.name + DIGEST_SUFFIX)
+    if _matches_record(target, record):
         return target
-    return convert_lora(adapter_dir, base_gguf, target)
+    for stale in (target, record):  # a link is removed, never followed
+        stale.unlink(missing_ok=True)
+    convert_lora(adapter_dir, base_gguf, target)
+    _write_atomically(record, _sha256(target))
+    return target
+
+
+def private_folder(folder: Path) -> Path:
+    """`folder`, created owner-only if missing, once it is known that no other user can write it or swap it.
+
+    Every folder above it must be owned by this user or root and not writable by group or others, unless sticky
+    (like /tmp, where others cannot rename what is not theirs); the folder itself must be this user's and writable by
+    this user alone.
+
+    Raises:
+        GGUFConversionError: which folder other users can write, and what to do.
+    """
+    folder = Path(os.path.abspath(folder))
+    for parent in reversed(folder.parents):  # before anything is created in them
+        _check_folder(parent, own=False)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise GGUFConversionError(f"cannot create the GGUF LoRA cache {folder}: {exc}") from exc
+    for parent in reversed(folder.parents):  # again: a umask may have left the new ones group-writable
+        _check_folder(parent, own=False)
+    _check_folder(folder, own=True)
+    return folder
+
+
+def _check_folder(folder: Path, *, own: bool) -> None:
+    try:
+        st = folder.lstat()
+    except FileNotFoundError:
+        return  # created below it: a missing folder cannot be anyone else's
+    me = os.geteuid()
+    if stat.S_ISLNK(st.st_mode):
+        st = folder.stat()  # a link above the cache is what it points to (/var/run -> /run)
+        if own:
+            raise GGUFConversionError(f"the GGUF LoRA cache {folder} is a link; give its real path")
+    open_to_others = bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+    if own and (st.st_uid != me or open_to_others):
+        raise GGUFConversionError(
+            f"the GGUF LoRA cache {folder} is one other users can write (or not this user's), so a file there could "
+            f"be a GGUF llama.cpp should not load: `chmod go-w {folder}` (as its owner), or point "
+            "RUBRICEM_STORE__DATA_DIR at a private folder")
+    if not own and (st.st_uid not in (0, me) or (open_to_others and not st.st_mode & stat.S_ISVTX)):
+        raise GGUFConversionError(
+            f"the GGUF LoRA cache would be inside {folder}, which other users can write (they could swap the cache "
+            "folder itself): use a data folder under one only you and root can write (RUBRICEM_STORE__DATA_DIR)")
+
+
+def _matches_record(target: Path, record: Path) -> bool:
+    """Whether `target` is a plain file (not a link) whose SHA-256 is the one recorded in `record`."""
+    try:
+        if not stat.S_ISREG(target.lstat().st_mode) or not stat.S_ISREG(record.lstat().st_mode):
+            return False
+        recorded = record.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    if hmac.compare_digest(_sha256(target), recorded):
+        return True
+    log.warning("the cached GGUF LoRA %s does not match its recorded digest: converting the adapter again", target)
+    return False
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with open(fd, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with open(fd, "w", encoding="ascii") as fh:
+            fh.write(text + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_dense_gguf(src: Path, dst: Path, dtype: str = "bf16") -> Path:

