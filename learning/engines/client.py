@@ -30,7 +30,7 @@ class AdapterLoadError(ValueError):
 class EmbeddedClient:
     """The shared half of an in-process policy client (module docstring). Subclasses set `_tokenizer`, `_eos_ids`,
     `_max_context`, and implement `policy_version`, `_generate_locked`, `_group_locked`, `_score_locked`,
-    `_close_locked`, `load_adapter` and `unload_adapter`.
+    `_release`, `load_adapter` and `unload_adapter`.
 
     Stop strings are matched on the decoded continuation after every token, so they may span tokens. Generation ends
     at the token that completes a stop string, and that token is kept with every token before it: the closing tag the
@@ -188,6 +188,13 @@ class EmbeddedClient:
         raise NotImplementedError
 
     def _close_locked(self) -> None:
+        """Mark the client closed and free the engine's state, after a request in progress (it holds the lock)."""
+        with self._lock:
+            self._closed = True
+            self._release()
+
+    def _release(self) -> None:
+        """Free what the engine holds for requests (called once, holding the lock, as the client closes)."""
         raise NotImplementedError
 
     def _check_open(self) -> None:

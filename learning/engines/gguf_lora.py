@@ -186,9 +186,7 @@ def adapter_digest(adapter_dir: Path, base_gguf: Path) -> str:
     """A key for the converted file: the adapter's config and weights, the base GGUF's identity, the format."""
     h = hashlib.sha256(f"{LORA_CONVERSION_FORMAT}:{base_gguf.name}:{base_gguf.stat().st_size}".encode())
     for name in ("adapter_config.json", "adapter_model.safetensors"):
-        with open(adapter_dir / name, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+        _hash_into(h, os.open(adapter_dir / name, os.O_RDONLY))
     return h.hexdigest()[:24]
 
 
@@ -278,12 +276,17 @@ def _matches_record(target: Path, record: Path) -> bool:
 
 
 def _sha256(path: Path) -> str:
+    """The SHA-256 of the file at `path` itself: a link is refused (O_NOFOLLOW), never followed."""
     h = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    _hash_into(h, os.open(path, os.O_RDONLY | os.O_NOFOLLOW))
+    return h.hexdigest()
+
+
+def _hash_into(h: Any, fd: int) -> None:
+    """Feed the open file `fd` to the hash `h` in 1 MiB pieces, and close it."""
     with open(fd, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
 
 
 def _write_atomically(path: Path, text: str) -> None:

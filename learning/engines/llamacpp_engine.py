@@ -306,10 +306,8 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
         """The llama.cpp engine (thread counts, context size), read-only use."""
         return self._engine
 
-    def _close_locked(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._engine.close()
+    def _release(self) -> None:
+        self._engine.close()
 
     # -- adapters ----------------------------------------------------------------------------------------------------
 

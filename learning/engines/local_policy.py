@@ -212,10 +212,8 @@ class TransformersPolicyClient(EmbeddedClient):
         return {"enabled": c.failure is None, "compiles": c.compiles, "compile_seconds": round(c.compile_seconds, 3),
                 "graphs": list(c.compile_log), "failure": c.failure}
 
-    def _close_locked(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._invalidate_cache()
+    def _release(self) -> None:
+        self._invalidate_cache()
 
     # -- LoRA adapters -----------------------------------------------------------------------------------------------
 
