@@ -123,7 +123,7 @@ class JudgementsMixin(SessionLogBase):
         A writer of something derived from people's data (a judge's rubric buffer) reads it BEFORE it reads that
         data, and hands it to the save: a save that finds it grown writes nothing (`DeletedMeanwhile`)."""
         with self._transaction("DEFERRED") as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM data_deletions").fetchone()[0])
+            return _deletion_epoch(conn)
 
     def save_rubric_buffer(self, question_sha: str, question: str, payload: Mapping[str, object], *,
                            deletions_seen: int | None = None) -> int:
@@ -141,7 +141,7 @@ class JudgementsMixin(SessionLogBase):
         now = self._now()
         with self._transaction("IMMEDIATE") as conn:
             if deletions_seen is not None:
-                epoch = int(conn.execute("SELECT COUNT(*) FROM data_deletions").fetchone()[0])
+                epoch = _deletion_epoch(conn)
                 if epoch != deletions_seen:
                     raise DeletedMeanwhile(f"{epoch - deletions_seen} data deletion(s) were recorded since this "
                                            "rubric buffer was read; it is not saved")
@@ -162,3 +162,8 @@ class JudgementsMixin(SessionLogBase):
                 "SELECT payload_json, version FROM rubric_buffers WHERE question_sha = ?", (question_sha,)
             ).fetchone()
         return (json.loads(row[0]), int(row[1])) if row else None
+
+
+def _deletion_epoch(conn: Any) -> int:
+    """The deletion records counted inside the caller's transaction (one row per data deletion; it only grows)."""
+    return int(conn.execute("SELECT COUNT(*) FROM data_deletions").fetchone()[0])
