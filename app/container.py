@@ -74,22 +74,24 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
                                     timeout_s=cfg.policy_timeout_s, max_retries=cfg.policy_max_retries)
     try:
         from learning.engines.local_policy import TransformersPolicyClient
-        from learning.engines.weights import ensure_converted
+        from learning.engines.weights import ensure_converted, ensure_tokenizer
     except ImportError as exc:  # the [local] extra is not installed
         raise ConfigurationError(
             f"the embedded backend needs the [local] extra (torch, transformers, peft): {exc}. "
             "Run `make install`, or set RUBRICEM_AGENT__POLICY_BACKEND=vllm|llamacpp."
         ) from exc
     model_dir = cfg.embedded_model_path
-    if model_dir is None:
-        say("Preparing the bundled SmolLM2-135M-Instruct (converted once to safetensors, then cached)...")
-        model_dir = ensure_converted(settings.store.model_cache)
     adapter = base_adapter(settings)
     version = adapter_version(adapter) if adapter is not None else "base"
     if cfg.embedded_engine == "llamacpp":
-        llama = _llamacpp_policy(settings, model_dir, adapter, version, say)
+        # llama.cpp decodes the GGUF itself: the tokenizer and config are all it needs from the folder (issue 47)
+        tokenizer_dir = model_dir or ensure_tokenizer(settings.store.model_cache)
+        llama = _llamacpp_policy(settings, tokenizer_dir, adapter, version, say)
         if llama is not None:
             return llama
+    if model_dir is None:
+        say("Preparing the bundled SmolLM2-135M-Instruct for torch (converted once to safetensors, then cached)...")
+        model_dir = ensure_converted(settings.store.model_cache)
     return TransformersPolicyClient(model_dir, dtype=cfg.embedded_dtype, adapter_path=adapter, version=version,
                                     decode_attention=cfg.embedded_decode_attention,
                                     decode_matmul=cfg.embedded_decode_matmul,
@@ -134,7 +136,8 @@ def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, 
     # next to the model, so every data folder that uses the same weights shares the conversions (keyed by content)
     cache = model_dir.parent if os.access(model_dir.parent, os.W_OK) else settings.store.model_cache
     return EmbeddedLlamaCppClient(model_dir, gguf, adapter_path=adapter, version=version,
-                                  lora_cache=cache / "gguf-lora", threads=cfg.embedded_threads or None)
+                                  lora_cache=cache / "gguf-lora", threads=cfg.embedded_threads or None,
+                                  cpu_variant=cfg.embedded_cpu_variant)
 
 
 def base_adapter(settings: Settings) -> Path | None:

@@ -110,6 +110,42 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    """What a first `ask` would otherwise do before its first token (issue 47), run by `make install`: the bundled
+    model's tokenizer folder, the llama.cpp CPU variant probes (for the embedded llamacpp engine), and the demo
+    corpus in the local index when the user has ingested nothing of their own. Each step's seconds are printed."""
+    import time
+
+    from app.container import ensure_corpus, open_index
+
+    settings = Settings()
+    progress = Progress()
+    cfg = settings.agent
+    if cfg.policy_backend == "embedded" and cfg.embedded_model_path is None:
+        from learning.engines.weights import bundled_gguf_path, ensure_tokenizer
+
+        t = time.monotonic()
+        folder = ensure_tokenizer(settings.store.model_cache)
+        progress.say(f"tokenizer and config of the bundled SmolLM2 in {folder} ({time.monotonic() - t:.1f} s)")
+        if cfg.embedded_engine == "llamacpp":
+            from learning.engines.cpu_backend import RECORD_FILENAME, CpuBackendError, load_cpu_backend
+
+            t = time.monotonic()
+            gguf = cfg.embedded_gguf_path or bundled_gguf_path()
+            try:
+                variant = load_cpu_backend(gguf, folder.parent / RECORD_FILENAME, cfg.embedded_cpu_variant)
+            except CpuBackendError as exc:
+                raise ConfigurationError(f"llama.cpp cannot run here: {exc}") from exc
+            which = (f"variant {variant.name} (probed on this CPU; the record is {folder.parent / RECORD_FILENAME})"
+                     if variant is not None else "its built-in CPU backend (a build without variants)")
+            progress.say(f"llama.cpp runs {which} ({time.monotonic() - t:.1f} s)")
+    t = time.monotonic()
+    index = open_index(settings)
+    ensure_corpus(index, say=progress.say, progress=progress.bar)
+    progress.say(f"local index ready: {index.count():,} chunks ({time.monotonic() - t:.1f} s)")
+    return 0
+
+
 def cmd_sessions(args: argparse.Namespace) -> int:
     from agent.accounting import format_cost, usage_of, usages
     from store.session_log import SessionLog
@@ -347,6 +383,9 @@ def parser() -> argparse.ArgumentParser:
     ing = sub.add_parser("ingest", help="add files (txt, md, html, pdf, jsonl) or a folder to the local index")
     ing.add_argument("path")
     ing.set_defaults(func=cmd_ingest)
+    pre = sub.add_parser("prepare", help="do once what a first ask would: the tokenizer folder, the llama.cpp CPU "
+                         "variant probes, the demo corpus index (make install runs it)")
+    pre.set_defaults(func=cmd_prepare)
     jud = sub.add_parser("judge", help="judge completed, not-yet-judged sessions and store the judgements")
     jud.add_argument("--since", help="only sessions finished at or after this ISO date/time (UTC if no zone)")
     jud.add_argument("--limit", type=int, help="at most this many sessions")

@@ -63,3 +63,32 @@ def test_a_folder_with_its_gguf_given_runs_on_llamacpp(smollm2_dir: Path, smollm
         assert isinstance(policy, EmbeddedLlamaCppClient)
     finally:
         asyncio.run(policy.aclose())
+
+
+@pytest.mark.slow
+def test_a_new_data_folder_reads_only_the_tokenizer_until_torch_needs_the_weights(
+        smollm2_gguf: Path, tmp_path: Path) -> None:
+    """Issue 47: the default engine decodes the GGUF itself, so a first `ask` writes the tokenizer and config only
+    (seconds); the torch engine then completes the same folder with the weights."""
+    from learning.engines.weights import MARKER_FILENAME, bundled_source, ensure_converted
+
+    settings = _settings(tmp_path, embedded_threads=1)
+    policy = build_policy(settings)
+    folder = settings.store.model_cache / "smollm2-135m-instruct"
+    try:
+        assert isinstance(policy, EmbeddedLlamaCppClient)
+        assert (folder / "tokenizer.json").is_file() and (folder / "config.json").is_file()
+        assert not (folder / "model.safetensors").exists()  # no 60-second conversion before the first token
+        assert bundled_source(folder) == smollm2_gguf
+    finally:
+        asyncio.run(policy.aclose())
+    assert ensure_converted(settings.store.model_cache) == folder  # what training and the torch engine call
+    assert (folder / "model.safetensors").is_file()
+    assert '"weights": true' in (folder / MARKER_FILENAME).read_text(encoding="utf-8")
+    assert sorted(p.name for p in settings.store.model_cache.iterdir() if p.name.startswith(".smollm2")) == [
+        ".smollm2-135m-instruct.lock"]  # no temporary or set-aside folder left behind
+    torch_policy = build_policy(_settings(tmp_path, embedded_engine="torch", embedded_threads=1))
+    try:
+        assert isinstance(torch_policy, TransformersPolicyClient)
+    finally:
+        asyncio.run(torch_policy.aclose())

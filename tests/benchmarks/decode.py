@@ -115,7 +115,8 @@ def make_policy(engine: str, args: argparse.Namespace) -> Any:
 
         gguf = dense_gguf() if engine == "llamacpp-bf16" else bundled_gguf_path()
         return EmbeddedLlamaCppClient(model_dir, gguf, lora_cache=MODEL_CACHE / "gguf-lora", threads=args.threads,
-                                      batch_threads=args.threads)
+                                      batch_threads=args.threads,
+                                      cpu_variant=os.environ.get("RUBRICEM_AGENT__EMBEDDED_CPU_VARIANT") or None)
     kw: dict[str, Any] = {"compile": True} if engine == "torch-compiled" else {}
     return TransformersPolicyClient(model_dir, dtype=args.dtype, merge_adapter=args.merge_adapter,
                                     threads=args.torch_threads or None, **kw)

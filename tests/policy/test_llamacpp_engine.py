@@ -9,9 +9,12 @@ equals the sampler's log-probs, and adapters that do not fit are refused with th
 
 Tolerances. The sampler reads the 4-bit GGUF (Q4_1, activations rounded to 8 bits inside its dot products), the
 trainer reads the same weights de-quantized to bf16, so log-probs differ by the kernels' rounding: measured mean
-|Δ log p| 0.04 (max 0.37) on the base weights and 0.04 (max 0.49) with the SFT adapter over 128 greedy tokens. A
-wrong rotary permutation of the adapter's query/key rows (the conversion's one subtle step) was measured at a mean
-of 0.4 or more: the bound of 0.1 separates the two.
+|Δ log p| 0.04 (max 0.37) on the base weights and 0.04 (max 0.49) with the SFT adapter over 128 greedy tokens. The
+AVX-512 CPU variants (issue 47: zen4, icelake, which `make install` builds and the engine picks where the CPU has
+them) round differently: on this test's 48 greedy tokens with the SFT adapter the mean is 0.117 (max 0.62) there
+against 0.034 on the AVX2 variant, while over 1,500 sampled tokens both give the same sampler-trainer KL (0.004-0.007,
+docs/speed.md). A wrong rotary permutation of the adapter's query/key rows (the conversion's one subtle step) was
+measured at a mean of 0.4 or more: the bound of 0.2 separates the two.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SFT_ADAPTER = REPO_ROOT / "agent" / "adapters" / "smollm2-sft"
 MESSAGES = [ChatMessage("system", "You are a helpful assistant."),
             ChatMessage("user", "Write a detailed essay about the history of the printing press in Europe.")]
-MEAN_GAP = 0.1  # mean |Δ log p| between the engines (see the module docstring)
+MEAN_GAP = 0.2  # mean |Δ log p| between the engines (see the module docstring)
 GREEDY_PREFIX = 8  # greedy tokens that must agree before the first near-tie may flip one
 
 
@@ -210,5 +213,20 @@ def test_bad_requests_and_a_closed_client(smollm2_dir: Path, smollm2_gguf: Path,
         _run(client.generate(PromptContext(text="", token_ids=(1, 2)), stop=[], max_tokens=2, temperature=0))
     with pytest.raises(PolicyUnavailable):  # never touches the freed llama.cpp context
         client.load_adapter(SFT_ADAPTER, "sft")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(PolicyUnavailable, match="missing.gguf cannot be read.*EMBEDDED_GGUF_PATH"):
         EmbeddedLlamaCppClient(smollm2_dir, tmp_path / "missing.gguf", lora_cache=tmp_path)
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"\0" * 4096)  # what a truncated download or a disk error leaves
+    with pytest.raises(PolicyUnavailable, match="corrupt.gguf is not a GGUF file"):
+        EmbeddedLlamaCppClient(smollm2_dir, corrupt, lora_cache=tmp_path)
+
+
+def test_a_corrupt_bundled_gguf_names_the_command_that_restores_it(tmp_path: Path, smollm2_gguf: Path) -> None:
+    from learning.engines.weights import RESTORE_BUNDLED, ModelConversionError, check_gguf, restore_hint
+
+    assert check_gguf(smollm2_gguf) == smollm2_gguf
+    assert RESTORE_BUNDLED in restore_hint(smollm2_gguf)  # the bundled file: the reinstall command
+    other = tmp_path / "x.gguf"
+    other.write_bytes(b"GGML")  # an old, pre-GGUF format
+    with pytest.raises(ModelConversionError, match="x.gguf is not a GGUF file.*EMBEDDED_GGUF_PATH"):
+        check_gguf(other)

@@ -1,0 +1,185 @@
+"""Build llama.cpp's libraries for llama-cpp-python, with CPU backend variants chosen at run time (issue 47).
+
+`make install` installs llama-cpp-python's Python code only (`CMAKE_ARGS=-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF`) and
+runs this module, which compiles the same release's vendored llama.cpp into the package's `lib` folder:
+
+- `libllama`, `libggml`, `libggml-base` with `GGML_BACKEND_DL`: the CPU backend is a module loaded at run time;
+- one CPU module per variant of `VARIANTS`, with llama.cpp's own feature sets (`GGML_CPU_ALL_VARIANTS` defines
+  them); `learning.engines.cpu_backend` picks the best one the CPU runs, probing each once per machine.
+
+Why its own build: llama-cpp-python's build compiles every CPU variant (14 on x86) or none, plus the multimodal
+library this project never loads; the variants here are the x86 feature levels that differ in the kernels SmolLM2
+runs (AVX2; AVX-512; AVX-512 with VBMI and VNNI; with BF16 as well; AVX-VNNI without AVX-512). AMX
+(`sapphirerapids`) is left out: these VMs advertise it and raise SIGILL on it. `GGML_BACKEND_DIR` is this `lib`
+folder, so a plain `llama_cpp.Llama` (the llama.cpp dev server) finds the modules too.
+
+Each step's seconds are printed and kept in `lib/.rubricem-llamacpp.json`; a folder that already holds this build
+(same release, variants, flags) is left as it is.
+
+    python -m learning.engines.llamacpp_build [--jobs 2] [--variants haswell,zen4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+RELEASE = "0.3.36"  # llama-cpp-python's version: pyproject's [llamacpp] extra pins the same
+VARIANTS = ("haswell", "skylakex", "icelake", "zen4", "alderlake")
+STAMP_FILENAME = ".rubricem-llamacpp.json"
+_FORMAT = 1
+_COMMON_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_BACKEND_DL=ON", "-DGGML_NATIVE=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_CURL=OFF", "-DCMAKE_SKIP_BUILD_RPATH=ON",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+)
+
+
+class BuildError(RuntimeError):
+    """A step of the build failed; the message names it and the command to retry."""
+
+
+def package_lib_dir() -> Path:
+    """llama-cpp-python's `lib` folder in this environment (located, never imported: it has no library yet)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        raise BuildError("llama-cpp-python is not installed; run `make install`")
+    return Path(spec.origin).parent / "lib"
+
+
+def _run(cmd: list[str], log: Path, what: str) -> None:
+    with open(log, "a", encoding="utf-8") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n")
+        fh.flush()
+        done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+        raise BuildError(f"{what} failed (exit {done.returncode}); the last lines of {log}:\n" + "\n".join(tail)
+                         + "\nRetry with `make install`.")
+
+
+def _wanted(variants: tuple[str, ...]) -> dict[str, object]:
+    return {"format": _FORMAT, "release": RELEASE, "variants": list(variants), "flags": list(_COMMON_FLAGS),
+            "machine": platform.machine()}
+
+
+def is_built(lib: Path, variants: tuple[str, ...]) -> bool:
+    """Whether `lib` already holds this build, every file of it present."""
+    try:
+        stamp = json.loads((lib / STAMP_FILENAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if {k: stamp.get(k) for k in _wanted(variants)} != _wanted(variants):
+        return False
+    names = ["libllama.so", "libggml.so", "libggml-base.so"] + [f"libggml-cpu-{v}.so" for v in variants]
+    return all((lib / n).exists() for n in names)
+
+
+def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int = 2,
+          say: object = print) -> dict[str, float]:
+    """Download llama-cpp-python's source release, build the libraries and variants, install them into `lib`.
+
+    Returns the seconds of each step. Raises BuildError with the failing step's log tail.
+    """
+    def emit(line: str) -> None:
+        (say if callable(say) else print)(line)
+        sys.stdout.flush()  # the Makefile's log shows each step as it ends
+    steps: dict[str, float] = {}
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "build.log"
+    log.write_text("", encoding="utf-8")
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise BuildError("cmake is not installed; install it (Debian: `apt-get install cmake`) and run `make install`")
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+
+    t = time.monotonic()
+    sdist_dir = work / "sdist"
+    sdist = sdist_dir / f"llama_cpp_python-{RELEASE}.tar.gz"
+    if not sdist.is_file():
+        sdist_dir.mkdir(parents=True, exist_ok=True)
+        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+              f"llama-cpp-python=={RELEASE}", "-d", str(sdist_dir)], log, "downloading llama-cpp-python's source")
+    src_root = work / "src"
+    source = src_root / f"llama_cpp_python-{RELEASE}" / "vendor" / "llama.cpp"
+    if not (source / "CMakeLists.txt").is_file():
+        shutil.rmtree(src_root, ignore_errors=True)
+        with tarfile.open(sdist) as tar:
+            tar.extractall(src_root, filter="data")
+    steps["download and unpack"] = round(time.monotonic() - t, 1)
+    emit(f"llama.cpp {RELEASE}: source ready ({steps['download and unpack']} s)")
+
+    backend_dir = [f"-DGGML_BACKEND_DIR={lib.resolve()}"]
+    # the libraries, without a CPU backend (it is a module); then the variants, which link only ggml-base
+    core, cpu = work / "build-core", work / "build-cpu"
+    t = time.monotonic()
+    _run([cmake, "-S", str(source), "-B", str(core), *generator, *_COMMON_FLAGS, *backend_dir, "-DGGML_CPU=OFF"],
+         log, "configuring llama.cpp")
+    _run([cmake, "--build", str(core), "--target", "llama", "-j", str(jobs)], log, "building libllama")
+    steps["libllama, libggml"] = round(time.monotonic() - t, 1)
+    emit(f"llama.cpp: libllama and libggml built ({steps['libllama, libggml']} s)")
+    t = time.monotonic()
+    _run([cmake, "-S", str(source), "-B", str(cpu), *generator, *_COMMON_FLAGS, *backend_dir,
+          "-DGGML_CPU_ALL_VARIANTS=ON"], log, "configuring the CPU variants")
+    steps["configure variants"] = round(time.monotonic() - t, 1)
+    for v in variants:
+        t = time.monotonic()
+        _run([cmake, "--build", str(cpu), "--target", f"ggml-cpu-{v}", "-j", str(jobs)], log,
+             f"building the CPU variant {v}")
+        steps[f"variant {v}"] = round(time.monotonic() - t, 1)
+        emit(f"llama.cpp: CPU variant {v} built ({steps[f'variant {v}']} s)")
+
+    t = time.monotonic()
+    lib.mkdir(parents=True, exist_ok=True)
+    for stale in [*lib.glob("libggml-cpu*.so*"), *lib.glob("libmtmd.so*"), *lib.glob("libllama.so*"),
+                  *lib.glob("libggml.so*"), *lib.glob("libggml-base.so*")]:
+        stale.unlink()  # a linked-in CPU backend or multimodal library from an earlier build must not linger
+    for folder in (core / "bin", cpu / "bin"):
+        for f in sorted(folder.glob("lib*.so*")):
+            if f.name.startswith("libggml-cpu-") and f.name[len("libggml-cpu-"):-3] not in variants:
+                continue
+            if folder == cpu / "bin" and not f.name.startswith("libggml-cpu-"):
+                continue  # the variants' own ggml-base is the same code as the core build's
+            shutil.copy2(f, lib / f.name, follow_symlinks=False)
+    steps["install"] = round(time.monotonic() - t, 1)
+    stamp = {**_wanted(variants), "seconds": steps, "jobs": jobs,
+             "built_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())}
+    (lib / STAMP_FILENAME).write_text(json.dumps(stamp, indent=1), encoding="utf-8")
+    return steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or os.cpu_count()
+                                                        or 2))
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="CPU variants to build (default: %(default)s)")
+    ap.add_argument("--work", default=".cache/llama.cpp", help="download and build folder (default: %(default)s)")
+    ap.add_argument("--force", action="store_true", help="build even when the folder already holds this build")
+    args = ap.parse_args(argv)
+    variants = tuple(v for v in args.variants.split(",") if v)
+    try:
+        lib = package_lib_dir()
+        if not args.force and is_built(lib, variants):
+            print(f"llama.cpp {RELEASE}: already built in {lib}")
+            return 0
+        started = time.monotonic()
+        build(lib, Path(args.work), variants, jobs=args.jobs)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"llama.cpp {RELEASE}: built in {time.monotonic() - started:.0f} s into {lib}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
