@@ -112,8 +112,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     """What a first `ask` would otherwise do before its first token (issue 47), run by `make install`: the bundled
-    model's tokenizer folder, the llama.cpp CPU variant probes (for the embedded llamacpp engine), and the demo
-    corpus in the local index when the user has ingested nothing of their own. Each step's seconds are printed."""
+    model's tokenizer folder; for the embedded llamacpp engine, its CPU variant probes, thread plan and the shipped
+    adapter's GGUF conversion (one policy built and closed); and the demo corpus in the local index when the user
+    has ingested nothing of their own. Each step's seconds are printed."""
     import time
 
     from app.container import ensure_corpus, open_index
@@ -122,23 +123,24 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     progress = Progress()
     cfg = settings.agent
     if cfg.policy_backend == "embedded" and cfg.embedded_model_path is None:
-        from learning.engines.weights import bundled_gguf_path, ensure_tokenizer
+        from learning.engines.weights import ensure_tokenizer
 
         t = time.monotonic()
         folder = ensure_tokenizer(settings.store.model_cache)
         progress.say(f"tokenizer and config of the bundled SmolLM2 in {folder} ({time.monotonic() - t:.1f} s)")
         if cfg.embedded_engine == "llamacpp":
-            from learning.engines.cpu_backend import RECORD_FILENAME, CpuBackendError, load_cpu_backend
+            from app.container import build_policy
 
             t = time.monotonic()
-            gguf = cfg.embedded_gguf_path or bundled_gguf_path()
-            try:
-                variant = load_cpu_backend(gguf, folder.parent / RECORD_FILENAME, cfg.embedded_cpu_variant)
-            except CpuBackendError as exc:
-                raise ConfigurationError(f"llama.cpp cannot run here: {exc}") from exc
-            which = (f"variant {variant.name} (probed on this CPU; the record is {folder.parent / RECORD_FILENAME})"
-                     if variant is not None else "its built-in CPU backend (a build without variants)")
-            progress.say(f"llama.cpp runs {which} ({time.monotonic() - t:.1f} s)")
+            policy = build_policy(settings, say=progress.say)  # CPU variant probes, thread plan, adapter conversion
+            engine = getattr(policy, "engine", None)
+            variant = getattr(engine, "cpu_variant", None)
+            threads = getattr(policy, "threads", None)
+            asyncio.run(policy.aclose())
+            which = (f"CPU variant {variant.name} (probed on this CPU)" if variant is not None
+                     else "its built-in CPU backend")
+            plan = f", {threads.decode} decode / {threads.prefill} prompt threads ({threads.source})" if threads else ""
+            progress.say(f"llama.cpp runs {which}{plan} ({time.monotonic() - t:.1f} s)")
     t = time.monotonic()
     index = open_index(settings)
     ensure_corpus(index, say=progress.say, progress=progress.bar)

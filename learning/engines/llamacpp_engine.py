@@ -25,7 +25,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -366,36 +370,28 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
     # -- internals ---------------------------------------------------------------------------------------------------
 
     def _probe_threads(self) -> ThreadPlan:
-        """Time one-token steps and a 64-token prompt at each candidate count (`threads.measure_plan`)."""
-        engine = self._engine
-        prompt = list(range(1000, 1064))
+        """The thread plan, measured in a child process on the same GGUF and CPU variant (`probe_threads`).
 
-        def decode_step() -> None:
-            engine.set_threads(count[0], count[0])
-            engine.truncate(len(prompt))
-            engine.eval([prompt[0]])
-
-        def prefill() -> None:
-            engine.set_threads(count[0], count[0])
-            engine.truncate(0)
-            engine.eval(prompt)
-
-        count = [1]
-        counts = candidate_counts(available_cpus())
-        engine.eval(prompt)
-
-        def at(fn: Any) -> Any:  # measure_plan sets torch's count; llama.cpp's follows it
-            import torch
-
-            def run() -> None:
-                count[0] = torch.get_num_threads()
-                fn()
-            return run
-
-        try:
-            return measure_plan(counts, at(decode_step), at(prefill))
-        finally:
-            engine.truncate(0)
+        Why a child: measured on the 2-core machine, a process whose engine had run at one thread and then at two
+        (what the probe does) decoded 1.6x slower for the rest of its life (200 tokens in 10.7 s against 6.9 s; a first
+        `make demo` session 78 s against 36 s), with nothing logged; the same happened after a torch product on two
+        threads in the calling thread. The probe's state dies with the child.
+        """
+        variant = self._engine.cpu_variant
+        code = ("import json, sys; from learning.engines.llamacpp_engine import probe_threads; "
+                "print(json.dumps(probe_threads(sys.argv[1], sys.argv[2] or None)))")
+        root = Path(__file__).resolve().parents[2]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+        done = subprocess.run([sys.executable, "-c", code, str(self._gguf), variant.name if variant else ""],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
+        lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+        if done.returncode != 0 or not lines:
+            log.warning("the llama.cpp thread probe failed (%s); decoding on %d thread(s) until it succeeds",
+                        done.stderr.strip().splitlines()[-1:] or f"exit {done.returncode}", self._engine.threads)
+            return ThreadPlan(decode=self._engine.threads, prefill=self._engine.batch_threads, source="fixed")
+        data = json.loads(lines[-1])
+        return ThreadPlan(decode=int(data["decode"]), prefill=int(data["prefill"]), source="measured",
+                          timings=data["timings"])
 
     def _collect_eos_ids(self, model_dir: Path) -> frozenset[int]:
         from transformers import GenerationConfig
@@ -491,3 +487,38 @@ def _tensor(logits: Any) -> torch.Tensor:
     import torch
 
     return torch.from_numpy(logits)
+
+
+def probe_threads(gguf: str, cpu_variant: str | None) -> dict[str, Any]:
+    """A thread plan's measurement, run in the child process `EmbeddedLlamaCppClient._probe_threads` starts: one-token
+    steps and a 64-token prompt at each candidate count (`threads.measure_plan`) on a fresh engine."""
+    engine = LlamaCppEngine(Path(gguf), n_ctx=256, threads=1, batch_threads=1, cpu_variant=cpu_variant)
+    prompt = list(range(1000, 1064))
+
+    def decode_step() -> None:
+        engine.set_threads(count[0], count[0])
+        engine.truncate(len(prompt))
+        engine.eval([prompt[0]])
+
+    def prefill() -> None:
+        engine.set_threads(count[0], count[0])
+        engine.truncate(0)
+        engine.eval(prompt)
+
+    count = [1]
+    counts = candidate_counts(available_cpus())
+    engine.eval(prompt)
+
+    def at(fn: Any) -> Any:  # measure_plan sets torch's count; llama.cpp's follows it
+        import torch
+
+        def run() -> None:
+            count[0] = torch.get_num_threads()
+            fn()
+        return run
+
+    try:
+        plan = measure_plan(counts, at(decode_step), at(prefill))
+    finally:
+        engine.close()
+    return {"decode": plan.decode, "prefill": plan.prefill, "timings": plan.timings}
