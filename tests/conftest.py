@@ -102,7 +102,7 @@ def llamacpp_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.fail(
             "llama-cpp-python is not installed in this environment; run `make install` "
-            "(it builds llama-cpp-python[server] once, about 6 minutes)",
+            "(it installs llama-cpp-python[server] and builds llama.cpp with CPU variants, about 3.5 minutes)",
             pytrace=False,
         )
     port = free_port()
