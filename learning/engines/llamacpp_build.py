@@ -22,6 +22,7 @@ Each step's seconds are printed and kept in `lib/.rubricem-llamacpp.json`; a fol
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
@@ -34,6 +35,8 @@ import time
 from pathlib import Path
 
 RELEASE = "0.3.36"  # llama-cpp-python's version: pyproject's [llamacpp] extra pins the same
+# SHA-256 of that release's source archive on PyPI, checked before anything from it is compiled (as the vLLM wheel's)
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 VARIANTS = ("haswell", "skylakex", "icelake", "zen4", "alderlake")
 STAMP_FILENAME = ".rubricem-llamacpp.json"
 _FORMAT = 1
@@ -110,6 +113,11 @@ def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int
         sdist_dir.mkdir(parents=True, exist_ok=True)
         _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
               f"llama-cpp-python=={RELEASE}", "-d", str(sdist_dir)], log, "downloading llama-cpp-python's source")
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    if digest != SDIST_SHA256:
+        sdist.unlink()
+        raise BuildError(f"llama-cpp-python {RELEASE}'s source archive has SHA-256 {digest}, not the pinned "
+                         f"{SDIST_SHA256}; it was removed. Retry with `make install`.")
     src_root = work / "src"
     source = src_root / f"llama_cpp_python-{RELEASE}" / "vendor" / "llama.cpp"
     if not (source / "CMakeLists.txt").is_file():

@@ -10,10 +10,10 @@ best one the CPU runs (`learning.engines.cpu_backend`). For every variant built 
     `--reps`: the reference rate the session targets are fractions of;
 (c) greedy: `--greedy-tokens` tokens of that prompt with the SFT adapter, through the product's engine; their ids are
     compared across variants (`greedy_same_as`);
-(d) with `--session`, on `--session-variants`: `make demo`'s session (default settings, 2 tool calls, short_form, seed 0) in a fresh process,
-    as `make demo` runs it, `--session-reps` times (the fastest kept): wall time, sampled tokens, sampled tokens per
-    wall second, and that rate over (b) of the same variant and of the variant the product chooses; with
-    `--session-greedy` at temperature 0 as well, whose tokens are compared across variants.
+(d) with `--session`, on `--session-variants`: `make demo`'s session (default settings, 2 tool calls, short_form,
+    seed 0) in a fresh process, as `make demo` runs it, `--session-reps` times (the fastest kept): wall time, sampled
+    tokens, sampled tokens per wall second, and that rate over (b) of the same variant and of the variant the product
+    chooses; with `--session-greedy` at temperature 0 as well, whose tokens are compared across variants.
 
 Variants run one after another; measure on an idle machine (the load average is recorded before and after).
 
@@ -110,8 +110,9 @@ def micro(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         rates.append(int(res["usage"]["completion_tokens"]) / (time.perf_counter() - t))
     out["llama_sampled_tok_s"] = round(max(rates), 2)
     llm.close()
-    client = EmbeddedLlamaCppClient(tok_dir, gguf, adapter_path=SHIPPED_SFT_ADAPTER, lora_cache=MODEL_CACHE / "gguf-lora",
-                                    threads=args.threads, batch_threads=args.threads, cpu_variant=variant)
+    client = EmbeddedLlamaCppClient(tok_dir, gguf, adapter_path=SHIPPED_SFT_ADAPTER,
+                                    lora_cache=MODEL_CACHE / "gguf-lora", threads=args.threads,
+                                    batch_threads=args.threads, cpu_variant=variant)
     import asyncio
 
     async def greedy() -> Any:
