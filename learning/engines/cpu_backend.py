@@ -62,10 +62,7 @@ class CpuVariant:
 
 
 def lib_dir() -> Path | None:
-    """The folder llama-cpp-python loads `libllama.so` from (LLAMA_CPP_LIB_PATH, else its package's `lib`)."""
-    override = os.environ.get("LLAMA_CPP_LIB_PATH")
-    if override:
-        return Path(override)
+    """The folder llama-cpp-python loads `libllama.so` from: its package's `lib` (located, not imported)."""
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or spec.origin is None:
         return None
@@ -172,12 +169,11 @@ def probe(variant: CpuVariant, gguf: Path, timeout_s: float = PROBE_TIMEOUT_S) -
         CpuBackendError: the model itself could not be loaded: that says nothing about the variant, so it is not
             recorded against it.
     """
-    code = "import sys; from learning.engines.cpu_backend import _probe_main; _probe_main(sys.argv[1], sys.argv[2])"
+    code = ("import sys; sys.path.insert(0, sys.argv[3]); from learning.engines.cpu_backend import _probe_main; "
+            "_probe_main(sys.argv[1], sys.argv[2])")
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
-           "LLAMA_CPP_LIB_PATH": str(variant.path.parent)}  # libllama beside this module: one ggml registry
-    try:
-        done = subprocess.run([sys.executable, "-c", code, str(variant.path), str(gguf)], cwd=root, env=env,
+    try:  # the child inherits this environment; the repository goes on its path by argument
+        done = subprocess.run([sys.executable, "-c", code, str(variant.path), str(gguf), str(root)], cwd=root,
                               capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return f"the probe did not finish in {timeout_s:.0f} s"
@@ -190,8 +186,10 @@ def probe(variant: CpuVariant, gguf: Path, timeout_s: float = PROBE_TIMEOUT_S) -
 
 
 def _probe_main(variant_path: str, gguf: str) -> None:
-    """The probe's child process: load only this variant, then a prompt batch and single-token steps."""
-    lib = Path(variant_path).parent
+    """The probe's child process: load only this variant, then a prompt batch and single-token steps. The variant
+    may live in another folder (a test's); its `libggml-base` is then the one llama-cpp-python already loaded (the
+    dynamic loader matches libraries by their soname)."""
+    lib = lib_dir() or Path(variant_path).parent
     ggml = ctypes.CDLL(str(lib / "libggml.so"), mode=os.RTLD_GLOBAL)
     ggml.ggml_backend_load.restype = ctypes.c_void_p
     ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]
@@ -228,7 +226,7 @@ def _register(variant: CpuVariant) -> None:
     from learning.engines.llamacpp_engine import _install_log_callback
 
     _install_log_callback()  # llama.cpp's own lines (the "loaded CPU backend" one too) go to Python logging
-    ggml = ctypes.CDLL(str(variant.path.parent / "libggml.so"), mode=os.RTLD_GLOBAL)
+    ggml = ctypes.CDLL(str((lib_dir() or variant.path.parent) / "libggml.so"), mode=os.RTLD_GLOBAL)
     ggml.ggml_backend_load.restype = ctypes.c_void_p
     ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]
     if not ggml.ggml_backend_load(str(variant.path).encode()):

@@ -25,7 +25,6 @@ import argparse
 import hashlib
 import importlib.util
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -88,7 +87,7 @@ def is_built(lib: Path, variants: tuple[str, ...]) -> bool:
     return all((lib / n).exists() for n in names)
 
 
-def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int = 2,
+def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int | None = None,
           say: object = print) -> dict[str, float]:
     """Download llama-cpp-python's source release, build the libraries and variants, install them into `lib`.
 
@@ -133,7 +132,8 @@ def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int
     t = time.monotonic()
     _run([cmake, "-S", str(source), "-B", str(core), *generator, *_COMMON_FLAGS, *backend_dir, "-DGGML_CPU=OFF"],
          log, "configuring llama.cpp")
-    _run([cmake, "--build", str(core), "--target", "llama", "-j", str(jobs)], log, "building libllama")
+    parallel = ["-j", str(jobs)] if jobs else []
+    _run([cmake, "--build", str(core), "--target", "llama", *parallel], log, "building libllama")
     steps["libllama, libggml"] = round(time.monotonic() - t, 1)
     emit(f"llama.cpp: libllama and libggml built ({steps['libllama, libggml']} s)")
     t = time.monotonic()
@@ -142,7 +142,7 @@ def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int
     steps["configure variants"] = round(time.monotonic() - t, 1)
     for v in variants:
         t = time.monotonic()
-        _run([cmake, "--build", str(cpu), "--target", f"ggml-cpu-{v}", "-j", str(jobs)], log,
+        _run([cmake, "--build", str(cpu), "--target", f"ggml-cpu-{v}", *parallel], log,
              f"building the CPU variant {v}")
         steps[f"variant {v}"] = round(time.monotonic() - t, 1)
         emit(f"llama.cpp: CPU variant {v} built ({steps[f'variant {v}']} s)")
@@ -168,8 +168,9 @@ def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=int(os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or os.cpu_count()
-                                                        or 2))
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="parallel compile jobs (default: cmake's own, CMAKE_BUILD_PARALLEL_LEVEL, which the Makefile "
+                         "sets to 2)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="CPU variants to build (default: %(default)s)")
     ap.add_argument("--work", default=".cache/llama.cpp", help="download and build folder (default: %(default)s)")
     ap.add_argument("--force", action="store_true", help="build even when the folder already holds this build")

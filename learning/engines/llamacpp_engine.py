@@ -27,7 +27,6 @@ import contextlib
 import ctypes
 import json
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -378,12 +377,12 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
         threads in the calling thread. The probe's state dies with the child.
         """
         variant = self._engine.cpu_variant
-        code = ("import json, sys; from learning.engines.llamacpp_engine import probe_threads; "
+        code = ("import json, sys; sys.path.insert(0, sys.argv[3]); "
+                "from learning.engines.llamacpp_engine import probe_threads; "
                 "print(json.dumps(probe_threads(sys.argv[1], sys.argv[2] or None)))")
         root = Path(__file__).resolve().parents[2]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-        done = subprocess.run([sys.executable, "-c", code, str(self._gguf), variant.name if variant else ""],
-                              cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
+        done = subprocess.run([sys.executable, "-c", code, str(self._gguf), variant.name if variant else "", str(root)],
+                              cwd=root, capture_output=True, text=True, timeout=300, check=False)
         lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
         if done.returncode != 0 or not lines:
             log.warning("the llama.cpp thread probe failed (%s); decoding on %d thread(s) until it succeeds",
