@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from learning.engines.threads import cpu_model, file_lock
+from learning.engines.threads import cpu_model, file_lock, store_keyed
 
 log = logging.getLogger(__name__)
 
@@ -135,20 +135,9 @@ def _read_record(path: Path, key: str) -> dict[str, dict[str, str]]:
 
 def _write_record(path: Path, key: str, record: dict[str, dict[str, str]]) -> None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
-    data[key] = record
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path)
+        store_keyed(path, key, record)
     except OSError as exc:  # a read-only cache only costs probing again next time
         log.info("could not record llama.cpp CPU variant probes in %s: %s", path, exc)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def _describe_exit(code: int) -> str:

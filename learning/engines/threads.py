@@ -199,8 +199,9 @@ def read_plan(path: Path, key: str) -> ThreadPlan | None:
         return None
 
 
-def write_plan(path: Path, key: str, plan: ThreadPlan) -> None:
-    """Store `plan` under `key`, keeping the other keys' entries (atomic replace)."""
+def store_keyed(path: Path, key: str, entry: object) -> None:
+    """Store `entry` under `key` in the JSON object file `path`, keeping the other keys' entries (atomic replace).
+    The per-machine records beside the model (thread plans, llama.cpp CPU variant probes) are such files."""
     path = Path(path)
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
@@ -208,12 +209,21 @@ def write_plan(path: Path, key: str, plan: ThreadPlan) -> None:
             entries = {}
     except (OSError, ValueError):
         entries = {}
+    entries[key] = entry
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # gone after the replace; left only by a failed write
+
+
+def write_plan(path: Path, key: str, plan: ThreadPlan) -> None:
+    """Store `plan` under `key`, keeping the other keys' entries (atomic replace)."""
     entry = asdict(plan)
     entry.pop("source")
-    entries[key] = {**entry, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(entries, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    store_keyed(path, key, {**entry, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
 
 def cached_plan(path: Path, key: str, measure: Callable[[], ThreadPlan]) -> ThreadPlan:
