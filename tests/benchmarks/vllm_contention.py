@@ -61,9 +61,9 @@ while True:
         out.write(f"{time.monotonic() - t0:.4f} {n}\\n"); out.flush()
 """
 SETTINGS: dict[str, dict[str, Any]] = {
-    "all": {"cpu_bind": "all", "env": {}},
-    "all-passive": {"cpu_bind": "all", "env": {"OMP_WAIT_POLICY": "PASSIVE"}},
-    "one": {"cpu_bind": "0", "env": {}},
+    "all": {"cpu_bind": "all", "omp_wait_policy": "active"},
+    "all-passive": {"cpu_bind": "all", "omp_wait_policy": "passive"},  # the default since issue 47
+    "one": {"cpu_bind": "0", "omp_wait_policy": "active"},
 }
 
 
@@ -160,24 +160,17 @@ def main() -> int:
     for name in [s for s in args.settings.split(",") if s]:
         setting = SETTINGS[name]
         print(f"{name}: starting vLLM ...", flush=True)
-        saved = {k: os.environ.get(k) for k in setting["env"]}
-        os.environ.update(setting["env"])  # the server inherits OMP_* (app.policy_server.INHERITED_PREFIXES)
         log = Path(tempfile.mkdtemp(prefix="vllm-contention-")) / "vllm.log"
-        server = LocalVLLMServer(VLLMServerSpec(model_dir=model_dir, port=8731, cpu_bind=setting["cpu_bind"]),
-                                 log_path=log)
+        server = LocalVLLMServer(VLLMServerSpec(model_dir=model_dir, port=8731, cpu_bind=setting["cpu_bind"],
+                                                omp_wait_policy=setting["omp_wait_policy"]), log_path=log)
         try:
             t = time.monotonic()
             server.start(timeout_s=600)
             start_s = round(time.monotonic() - t, 1)
-            rows[name] = {"cpu_bind": setting["cpu_bind"], "env": setting["env"], "start_s": start_s,
+            rows[name] = {**setting, "start_s": start_s,
                           **measure(server, args)}
         finally:
             server.stop()
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     result = {"when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)), "machine": platform.processor()
               or platform.machine(), "cpus": available_cpus(), "loadavg_before": [round(x, 2) for x in load_before],
               "baseline": baseline, "settings": rows, "loadavg_after": [round(x, 2) for x in os.getloadavg()],

@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 
 from learning.engines import llamacpp_build
-from learning.engines.llamacpp_build import RELEASE, VARIANTS, BuildError, build, is_built, package_lib_dir
+from learning.engines.llamacpp_build import (
+    RELEASE,
+    VARIANTS,
+    BuildError,
+    build,
+    cache_key,
+    is_built,
+    package_lib_dir,
+    restore_from_cache,
+    save_to_cache,
+)
 
 
 def test_a_source_archive_that_is_not_the_pinned_one_is_removed_and_nothing_is_built(tmp_path: Path) -> None:
@@ -35,3 +45,37 @@ def test_the_installed_folder_holds_this_build_and_a_changed_stamp_does_not(tmp_
     (copy / llamacpp_build.STAMP_FILENAME).write_text(json.dumps({**stamp, "release": "0.0.1"}), encoding="utf-8")
     assert not is_built(copy, VARIANTS)  # another release: built again
     assert not is_built(lib, (*VARIANTS, "sapphirerapids"))  # a variant not built here
+
+
+def test_a_cached_build_installs_into_a_new_environment_and_a_changed_file_is_refused(tmp_path: Path) -> None:
+    """What a second clone on the same machine does instead of compiling: copy the build `make install` kept in the
+    per-user cache, each file checked against the hash taken when it was kept."""
+    cache = tmp_path / "cache"
+    entry = save_to_cache(package_lib_dir(), cache, VARIANTS)
+    assert entry == cache / cache_key(VARIANTS)
+    fresh = tmp_path / "fresh-env-lib"  # a new environment's lib: llama-cpp-python's Python code, no libraries
+    assert restore_from_cache(fresh, cache, VARIANTS) is None
+    assert is_built(fresh, VARIANTS)
+    assert (fresh / "libllama.so").is_symlink()  # the versioned names come back as the links they were
+    for name in ("libllama.so", "libggml-cpu-zen4.so"):
+        assert (fresh / name).read_bytes() == (package_lib_dir() / name).read_bytes()
+    # another variant set is another entry
+    assert "no cached build" in str(restore_from_cache(tmp_path / "other", cache, ("haswell",)))
+
+    # a cached library changed after it was kept (a disk error, or someone else's code): not installed, nothing lost
+    target = tmp_path / "target-lib"
+    target.mkdir()
+    (target / "libllama.so").write_bytes(b"the install there before")
+    victim = entry / "libggml-cpu-haswell.so"
+    data = victim.read_bytes()
+    victim.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    why = restore_from_cache(target, cache, VARIANTS)
+    assert why is not None and "libggml-cpu-haswell.so changed since it was cached" in why
+    assert [p.name for p in target.iterdir()] == ["libllama.so"]
+    assert (target / "libllama.so").read_bytes() == b"the install there before"
+
+    # a manifest naming a file outside its entry is refused too
+    manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
+    manifest["files"]["../../escape.so"] = manifest["files"]["libggml.so"]
+    (entry / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    assert "outside it" in str(restore_from_cache(target, cache, VARIANTS))
