@@ -15,7 +15,8 @@ Flags, and why (ENVIRONMENT.md §10, measured on 2 cores):
 * `OMP_WAIT_POLICY=PASSIVE` (`policy_server.omp_wait_policy`; issue 47): an idle OpenMP thread sleeps instead of
   spinning. With the default spin, the server beside a trainer's 2-thread products generated 2.8 tok/s (9.8 idle) and
   the products ran at 8 % of their rate; passive, 6.1 tok/s and 37 %, and idle it was no slower (12.1 tok/s).
-  Measured by `tests/benchmarks/vllm_contention.py` (docs/speed.md), which the setting's `active` reproduces.
+  Measured by `tests/benchmarks/vllm_contention.py` (docs/speed.md); the setting's `default` leaves OpenMP's own
+  policy (threads spin a while at each barrier, then sleep), what the server ran with before.
 * `--logprobs-mode processed_logprobs`: the logprobs of the distribution actually sampled (after temperature), the
   same quantity the embedded policy reports and the trainer recomputes; vLLM's default is the raw logits'.
 * `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache; `--max-model-len` matches the agent's context window.
@@ -89,7 +90,7 @@ class VLLMServerSpec:
     max_lora_rank: int = 16
     max_loras: int = 1
     cpu_bind: str = "all"  # "all": every core of this machine; "auto": vLLM's own choice; or a list like "0-1"
-    omp_wait_policy: str = "passive"  # "passive": idle OpenMP threads sleep; "active": they spin (OMP_WAIT_POLICY)
+    omp_wait_policy: str = "passive"  # "passive": OMP_WAIT_POLICY=PASSIVE; "default": OpenMP's own (spin, then sleep)
     reserved_cpus: int = 0
     logprobs_mode: str = "processed_logprobs"
     api_key: str | None = None
@@ -158,7 +159,8 @@ def server_env(spec: VLLMServerSpec, base: dict[str, str] | None = None) -> dict
     })
     if spec.cpu_bind != "auto":
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(spec.cpu_bind)
-    env["OMP_WAIT_POLICY"] = spec.omp_wait_policy.upper()  # the setting wins over an inherited one
+    if spec.omp_wait_policy == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"  # the setting wins over an inherited one; "default" keeps that
     if spec.api_key:
         env["VLLM_API_KEY"] = spec.api_key  # read by vLLM (for /v1) and by the guard (every other path)
     return env

@@ -166,10 +166,11 @@ class PolicyServerConfig(BaseModel):
     cpu_bind: str = Field(default="all", pattern=r"^(all|auto|[0-9][0-9,\-]*)$", description="OpenMP cores of the "
                           "worker: all (every core), auto (vLLM's choice, which keeps one for its front end), or a "
                           "list like 0-1.")
-    omp_wait_policy: Literal["passive", "active"] = Field(default="passive", description="What the worker's idle "
-                                                           "OpenMP threads do (OMP_WAIT_POLICY): passive sleeps, so "
-                                                           "a trainer beside the server keeps its share of the cores; "
-                                                           "active spins (measured in docs/speed.md).")
+    omp_wait_policy: Literal["passive", "default"] = Field(default="passive", description="What the worker's "
+                                                            "OpenMP threads do while they wait (OMP_WAIT_POLICY): "
+                                                            "passive sleeps at once, so a trainer beside the server "
+                                                            "keeps its share of the cores; default is OpenMP's own "
+                                                            "(spin a while, then sleep). Measured in docs/speed.md.")
     reserved_cpus: int = Field(default=0, ge=0, description="Cores vLLM keeps for its front end "
                                "(VLLM_CPU_NUM_OF_RESERVED_CPU).")
     start_timeout_s: float = Field(default=600.0, gt=0, description="How long `rubricem policy-server` waits for "

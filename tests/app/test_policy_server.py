@@ -63,8 +63,10 @@ def test_the_spec_follows_the_app_settings_and_the_command_carries_the_flags_the
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == omp_bind("all") and env["HF_HUB_OFFLINE"] == "1"
     assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # idle OpenMP threads sleep: a trainer beside it keeps its share
-    spinning = VLLMServerSpec(model_dir=tmp_path, omp_wait_policy="active")
-    assert server_env(spinning, {"OMP_WAIT_POLICY": "PASSIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"  # the setting wins
+    assert server_env(spec, {"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "PASSIVE"  # the setting wins
+    openmp_own = VLLMServerSpec(model_dir=tmp_path, omp_wait_policy="default")
+    assert "OMP_WAIT_POLICY" not in server_env(openmp_own, {}) and \
+        server_env(openmp_own, {"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
     closed = server_env(VLLMServerSpec(model_dir=tmp_path, runtime_lora=False, cpu_bind="auto"), {"VLLM_API_KEY": "x"})
     assert closed["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "0" and "VLLM_CPU_OMP_THREADS_BIND" not in closed
     assert "VLLM_API_KEY" not in closed  # a stale key in the environment is never inherited

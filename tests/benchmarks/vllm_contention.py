@@ -11,8 +11,9 @@ share the machine. For each binding setting, with its own server start, this scr
   server idle, and while it serves: what the server costs the trainer.
 
 Settings (`--settings`, default all):
-  all            VLLM_CPU_OMP_THREADS_BIND over every core (the product's default before issue 47)
+  all            VLLM_CPU_OMP_THREADS_BIND over every core, OpenMP's own wait policy (the default before issue 47)
   all-passive    the same, with OMP_WAIT_POLICY=PASSIVE: an OpenMP thread that waits sleeps instead of spinning
+                 (`policy_server.omp_wait_policy`, the default since this measurement)
   one            one core (the first), the others left to the neighbour
 
     .vllm must exist (`make vllm`).
@@ -61,9 +62,9 @@ while True:
         out.write(f"{time.monotonic() - t0:.4f} {n}\\n"); out.flush()
 """
 SETTINGS: dict[str, dict[str, Any]] = {
-    "all": {"cpu_bind": "all", "omp_wait_policy": "active"},
+    "all": {"cpu_bind": "all", "omp_wait_policy": "default"},
     "all-passive": {"cpu_bind": "all", "omp_wait_policy": "passive"},  # the default since issue 47
-    "one": {"cpu_bind": "0", "omp_wait_policy": "active"},
+    "one": {"cpu_bind": "0", "omp_wait_policy": "default"},
 }
 
 

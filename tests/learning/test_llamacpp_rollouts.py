@@ -66,7 +66,10 @@ def test_rollouts_from_llamacpp_train_and_the_new_adapter_serves_the_next_step(
         assert r["nan_logprob_rollouts"] == 0
         assert math.isfinite(r["task/sampler_logprob_gap"]) and r["task/sampler_logprob_gap"] < 0.2, r
         assert r["task/sampler_kl"] < cfg.max_sampler_kl, r
-        assert r["task/skipped"] is None and math.isfinite(r["task/loss"])
+        # two rollouts of a small model can score alike (no learning signal): that step is skipped, saying so
+        assert r["task/skipped"] is None or "scored the same" in r["task/skipped"], r["task/skipped"]
+    trained = [r for r in rows if r["task/skipped"] is None]
+    assert trained and all(math.isfinite(r["task/loss"]) for r in trained), [r["task/skipped"] for r in rows]
     # step 1's rollouts were sampled by llama.cpp with the adapter step 0 published, converted to GGUF LoRA
     assert served == ["lc@0", "lc@0", "lc@1", "lc@1"], served  # lc@0 is the SFT adapter the run starts from
     # the adapter of step 1 (lc@1) is what llama.cpp served last, converted into the cache (next to the model when
