@@ -94,8 +94,20 @@ def is_built(lib: Path, variants: tuple[str, ...]) -> bool:
     return all((lib / n).exists() for n in _library_names(variants))
 
 
+_CORE_STEMS = ("libllama", "libggml", "libggml-base")  # what the core build installs, beside one module per variant
+
+
 def _library_names(variants: tuple[str, ...]) -> list[str]:
-    return ["libllama.so", "libggml.so", "libggml-base.so"] + [f"libggml-cpu-{v}.so" for v in variants]
+    return [f"{stem}.so" for stem in _CORE_STEMS] + [f"libggml-cpu-{v}.so" for v in variants]
+
+
+def _stem(name: str) -> str:
+    return name.split(".so")[0]  # libllama.so.0.5.0 -> libllama
+
+
+def _ours(name: str) -> bool:
+    """Whether `name` (in a `lib` folder) is a library this build installs, under any of its versioned names."""
+    return _stem(name) in _CORE_STEMS or _stem(name).startswith("libggml-cpu-")
 
 
 def cache_key(variants: tuple[str, ...]) -> str:
@@ -109,22 +121,23 @@ def _sha256(path: Path) -> str:
 
 
 def _clear_libraries(lib: Path) -> None:
-    for stale in [*lib.glob("libggml-cpu*.so*"), *lib.glob("libmtmd.so*"), *lib.glob("libllama.so*"),
-                  *lib.glob("libggml.so*"), *lib.glob("libggml-base.so*")]:
-        stale.unlink()  # a linked-in CPU backend or multimodal library from an earlier build must not linger
+    for stale in lib.glob("lib*.so*"):
+        # ours from an earlier build, and a linked-in CPU backend or multimodal library from llama-cpp-python's own
+        if _ours(stale.name) or _stem(stale.name) in ("libggml-cpu", "libmtmd"):
+            stale.unlink()
 
 
 def save_to_cache(lib: Path, cache: Path, variants: tuple[str, ...]) -> Path:
     """Copy the build in `lib` into `cache/<cache_key>` with a manifest of each file's SHA-256, or of each link's
-    target (the versioned names llama.cpp installs: `libllama.so -> libllama.so.0`), written into a
-    temporary folder, then renamed into place, so a reader never sees half an entry). Returns the entry."""
+    target (the versioned names llama.cpp installs: `libllama.so -> libllama.so.0`). It is written into a temporary
+    folder, then renamed into place, so a reader never sees half an entry. Returns the entry."""
     entry = cache / cache_key(variants)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=cache))
     try:
         files = {}
         for f in sorted(lib.glob("lib*.so*")):
-            if f.name.startswith("libggml-cpu-") or f.name.split(".so")[0] in ("libllama", "libggml", "libggml-base"):
+            if _ours(f.name):
                 shutil.copy2(f, tmp / f.name, follow_symlinks=False)
                 files[f.name] = f"link:{os.readlink(f)}" if f.is_symlink() else _sha256(f)
         stamp = json.loads((lib / STAMP_FILENAME).read_text(encoding="utf-8"))

@@ -168,8 +168,7 @@ def main() -> int:
             t = time.monotonic()
             server.start(timeout_s=600)
             start_s = round(time.monotonic() - t, 1)
-            rows[name] = {**setting, "start_s": start_s,
-                          **measure(server, args)}
+            rows[name] = {**setting, "start_s": start_s, **measure(server, args)}
         finally:
             server.stop()
     result = {"when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)), "machine": platform.processor()
