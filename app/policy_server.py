@@ -157,6 +157,11 @@ def server_env(spec: VLLMServerSpec, base: dict[str, str] | None = None) -> dict
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": str(GUARD_DIR),
     })
+    # Trust /proc/cpuinfo for inductor's base vector ISA (AMX, VNNI and bf16 are still probed). Its probe dlopens a
+    # test library in a child with a 60 s limit; once, under load, every probe failed, the server picked no ISA, and
+    # the vectorised kernel it took from inductor's on-disk cache (written by an earlier start) no longer compiled:
+    # the engine died. An inherited value (TORCHINDUCTOR_VEC_ISA_OK=0 brings the probes back) is kept.
+    env.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
     if spec.cpu_bind != "auto":
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(spec.cpu_bind)
     if spec.omp_wait_policy == "passive":

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -57,6 +57,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report.longrepr = (f"skipped under RUBRICEM_TEST_STRICT=1 (make test, CI), where every test must run: {reason}. "
                        "Install what it needs (make install; PostgreSQL and Chromium as root), or mark the test "
                        "may_skip with the reason it may.")
+
+
+# Every test's seconds (setup, call and teardown together), written where the next session can read them: CI runs on
+# a machine whose /tmp outlives the run, and its printed log keeps only the tail of `--durations`.
+_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not STRICT or not _SECONDS:
+        return
+    import tempfile
+    import time
+
+    path = Path(tempfile.gettempdir()) / f"rubricem-test-seconds-{time.strftime('%Y%m%d-%H%M%S')}.tsv"
+    rows = sorted(_SECONDS.items(), key=lambda kv: -kv[1])
+    path.write_text("".join(f"{s:.1f}\t{nodeid}\n" for nodeid, s in rows), encoding="utf-8")
+    terminalreporter.write_line(f"per-test seconds: {path} (total {sum(_SECONDS.values()):.0f} s)")
 
 
 @pytest.fixture(scope="session")

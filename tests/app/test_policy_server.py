@@ -64,6 +64,8 @@ def test_the_spec_follows_the_app_settings_and_the_command_carries_the_flags_the
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == omp_bind("all") and env["HF_HUB_OFFLINE"] == "1"
     assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # idle OpenMP threads sleep: a trainer beside it keeps its share
     assert server_env(spec, {"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "PASSIVE"  # the setting wins
+    assert env["TORCHINDUCTOR_VEC_ISA_OK"] == "1"  # the base vector ISA from /proc/cpuinfo (the test at the end)
+    assert server_env(spec, {"TORCHINDUCTOR_VEC_ISA_OK": "0"})["TORCHINDUCTOR_VEC_ISA_OK"] == "0"  # asked: probes
     openmp_own = VLLMServerSpec(model_dir=tmp_path, omp_wait_policy="default")
     assert "OMP_WAIT_POLICY" not in server_env(openmp_own, {}) and \
         server_env(openmp_own, {"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
@@ -280,3 +282,30 @@ def test_no_route_of_the_launched_vllm_answers_without_the_key(launched: Launche
     assert {name: r.status_code for name, r in anyone.items()} == {name: 401 for name in anyone}
     assert browser.status_code == 403  # a web page (any Origin) is refused even with the key
     assert keyed.status_code not in (401, 403) and health.status_code not in (401, 403)
+
+
+ISA_CHILD = """
+import sys
+import torch
+import torch._inductor.cpu_vec_isa as isa
+if sys.argv[1] == "probes fail":  # what happened once under load: every vector-ISA dlopen probe failed
+    isa.VecISA._probe_load = lambda self, path: False
+count = torch.compile(lambda x, t: (x >= t).sum(-1), dynamic=False)  # the shape of vLLM's logprob-rank kernel
+print(count(torch.arange(64.0).reshape(2, 32), torch.tensor([[3.0], [40.0]])).tolist())
+"""
+
+
+@pytest.mark.slow
+def test_a_restart_whose_isa_probes_fail_still_compiles_the_kernels_cached_by_an_earlier_start(tmp_path: Path) -> None:
+    """The CI failure of 2026-11-29: a restarted replica took a vectorised kernel from inductor's on-disk cache, its
+    own ISA probes had all failed, so it compiled that code with no vector ISA, and the engine died. In the server's
+    environment the base ISA comes from /proc/cpuinfo, so the cached kernel compiles however the probes go."""
+    python = _vllm_python()
+    env = server_env(VLLMServerSpec(model_dir=tmp_path)) | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    runs = {}
+    for case in ("first start", "probes fail"):
+        run = subprocess.run([str(python), "-c", ISA_CHILD, case], env=env, capture_output=True, text=True,
+                             timeout=600, check=False)
+        assert run.returncode == 0, run.stderr[-3000:]
+        runs[case] = run.stdout.strip().splitlines()[-1]
+    assert runs == {"first start": "[29, 24]", "probes fail": "[29, 24]"}
