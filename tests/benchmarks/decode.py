@@ -6,8 +6,9 @@ In one process, one after another (issues 16 and 37), at the machine's natural t
     a read-only float32 `sum` for reference (both single-threaded, best of 5);
 (b) every embedded engine of `--engines` (default all): `torch` (transformers bf16, decode threads measured as the
     product measures them), `torch-compiled` (the compiled decode step, with its compile time), `llamacpp`
-    (`EmbeddedLlamaCppClient` on the bundled Q4_1 GGUF) and `llamacpp-bf16` (the same on the GGUF de-quantized to
-    bf16: the torch engine's exact weights). Tokens/s greedy and sampled, on the base weights and with the shipped
+    (`EmbeddedLlamaCppClient` on the bundled Q4_1 GGUF), `llamacpp-merged` (the same, the adapter merged into a Q8_0
+    copy instead of a runtime LoRA: `merge_adapter`) and `llamacpp-bf16` (the GGUF de-quantized to bf16: the torch
+    engine's exact weights). Tokens/s greedy and sampled, on the base weights and with the shipped
     LoRA adapter agent/adapters/smollm2-sft (converted to GGUF LoRA for llama.cpp; the swap time is recorded), for
     one sequence (`generate`) and for groups (`generate_group`, aggregate tokens/s);
 (c) llama-cpp-python's own `Llama` in process on the bundled GGUF, greedy and sampled, at `--threads`: the
@@ -94,7 +95,7 @@ def _weight_bytes(policy: TransformersPolicyClient, merged: bool = False) -> int
                if not (merged and "lora_" in name))
 
 
-ENGINES = ("torch", "torch-compiled", "llamacpp", "llamacpp-bf16")
+ENGINES = ("torch", "torch-compiled", "llamacpp", "llamacpp-merged", "llamacpp-bf16")
 
 
 def dense_gguf() -> Path:
@@ -115,7 +116,7 @@ def make_policy(engine: str, args: argparse.Namespace) -> Any:
 
         gguf = dense_gguf() if engine == "llamacpp-bf16" else bundled_gguf_path()
         return EmbeddedLlamaCppClient(model_dir, gguf, lora_cache=MODEL_CACHE / "gguf-lora", threads=args.threads,
-                                      batch_threads=args.threads,
+                                      batch_threads=args.threads, merge_adapter=engine == "llamacpp-merged",
                                       cpu_variant=os.environ.get("RUBRICEM_AGENT__EMBEDDED_CPU_VARIANT") or None)
     kw: dict[str, Any] = {"compile": True} if engine == "torch-compiled" else {}
     return TransformersPolicyClient(model_dir, dtype=args.dtype, merge_adapter=args.merge_adapter,
@@ -123,6 +124,10 @@ def make_policy(engine: str, args: argparse.Namespace) -> Any:
 
 
 def _bytes_per_step(engine: str, policy: Any, adapter: bool, merged: bool) -> int:
+    if engine == "llamacpp-merged" and adapter:
+        from learning.engines.gguf_lora import cached_merged
+
+        return cached_merged(ADAPTER, bundled_gguf_path(), MODEL_CACHE / "gguf-lora").stat().st_size
     if engine.startswith("llamacpp"):
         return (dense_gguf() if engine == "llamacpp-bf16" else bundled_gguf_path()).stat().st_size
     return _weight_bytes(policy, merged=adapter and merged)
@@ -163,8 +168,9 @@ def embedded(args: argparse.Namespace, bw: float, engine: str = "torch") -> list
                 groups_batch = not engine.startswith("llamacpp")  # llama.cpp rows run one after another
                 limit = (n if groups_batch else 1) * bw / wbytes
                 rows.append({
-                    "engine": engine, "dtype": "Q4_1 gguf" if engine == "llamacpp" else
-                    ("bf16 gguf" if engine == "llamacpp-bf16" else args.dtype), "adapter": adapter,
+                    "engine": engine, "dtype": {"llamacpp": "Q4_1 gguf", "llamacpp-bf16": "bf16 gguf",
+                                                "llamacpp-merged": "Q4_1 gguf, Q8_0 merged"}.get(engine, args.dtype),
+                    "adapter": adapter,
                     "mode": "greedy" if temperature == 0 else "sampled", "n": n, "tokens": tokens,
                     "tok_s": round(rate, 2), "tok_s_all": [round(r, 2) for r in rates], "bytes_per_step": wbytes,
                     "limit_tok_s": round(limit, 1), "of_limit": round(rate / limit, 3),
@@ -266,6 +272,8 @@ def session(args: argparse.Namespace, engine: str | None = None) -> dict[str, An
             "embedded_engine": "llamacpp" if engine.startswith("llamacpp") else "torch",
             "embedded_compile": engine == "torch-compiled",
             "embedded_gguf_path": dense_gguf() if engine == "llamacpp-bf16" else None,
+            "embedded_merge_adapter": engine == "llamacpp-merged" if engine.startswith("llamacpp")
+            else settings.agent.embedded_merge_adapter,
             "embedded_threads": args.threads if engine.startswith("llamacpp") else args.torch_threads})
         settings = settings.model_copy(update={"agent": agent})
     values = settings.agent.defaults.model_dump() | {"max_tool_calls": 2, "format": "short_form", "seed": 0}

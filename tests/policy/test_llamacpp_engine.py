@@ -179,6 +179,78 @@ def test_an_adapter_for_another_model_is_refused_and_the_old_one_keeps_serving(
         llama.unload_adapter()
 
 
+def test_a_merged_gguf_holds_the_base_and_the_adapter_in_eight_bits_and_nothing_else_changes(
+        smollm2_gguf: Path, tmp_path: Path) -> None:
+    """`write_merged_gguf`: each adapted weight is the base de-quantized plus (alpha / r)·B·A, in Q8_0 (one 8-bit
+    rounding: within about half a step of its block's scale); every other tensor and every metadata key is the
+    base's. A query projection merged without the rotary permutation is off by the adapter's delta, over a step."""
+    import gguf
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from learning.engines.gguf_lora import _permute_rows, write_merged_gguf
+
+    out = write_merged_gguf(SFT_ADAPTER, smollm2_gguf, tmp_path / "merged.gguf")
+    base, merged = gguf.GGUFReader(str(smollm2_gguf)), gguf.GGUFReader(str(out))
+    assert {k: f.contents() for k, f in base.fields.items() if not k.startswith("GGUF.")} == \
+        {k: f.contents() for k, f in merged.fields.items() if not k.startswith("GGUF.")}
+    lora = load_file(str(SFT_ADAPTER / "adapter_model.safetensors"))
+    cfg = json.loads((SFT_ADAPTER / "adapter_config.json").read_text())
+    scale, heads = cfg["lora_alpha"] / cfg["r"], base.fields["llama.attention.head_count"].contents()
+    by_name = {t.name: t for t in merged.tensors}
+    adapted = 0
+    for t in base.tensors:
+        m = by_name.pop(t.name)
+        if t.name.endswith(("attn_q.weight", "attn_v.weight", "ffn_down.weight")) and t.name.startswith("blk.3."):
+            stem = {"attn_q": "self_attn.q_proj", "attn_v": "self_attn.v_proj", "ffn_down": "mlp.down_proj"}[
+                t.name.split(".")[2]]
+            a, b = (lora[f"base_model.model.model.layers.3.{stem}.lora_{x}.weight"].float().numpy() for x in "AB")
+            b = _permute_rows(b, heads) if stem.endswith("q_proj") else b
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            plain = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+            want = plain + scale * (b @ a)
+            got = gguf.quants.dequantize(m.data, m.tensor_type).reshape(shape)
+            assert m.tensor_type == gguf.GGMLQuantizationType.Q8_0
+            step = np.abs(want.reshape(-1, 32)).max(axis=1, keepdims=True) / 127  # Q8_0: 32 values share a scale
+            assert (np.abs(got - want).reshape(-1, 32) <= step * 0.6).all()  # 0.55 measured: the scale is fp16
+            assert (np.abs(got - plain).reshape(-1, 32) > step).any()  # the adapter is in it, not the base alone
+            adapted += 1
+        elif t.name.startswith("token_embd") or t.name.endswith("norm.weight"):
+            assert m.tensor_type == t.tensor_type and np.array_equal(np.asarray(m.data), np.asarray(t.data))
+    assert adapted == 3 and not by_name
+
+
+def test_a_merged_adapter_serves_within_the_gap_and_swaps_to_the_base_and_back(
+        llama: EmbeddedLlamaCppClient, torch_sft: TransformersPolicyClient, smollm2_dir: Path, smollm2_gguf: Path,
+        ctx: PromptContext, tmp_path: Path) -> None:
+    """`merge_adapter`: the adapter served from a merged Q8_0 model, not a runtime LoRA (issue 47's prefill)."""
+    from tests.adapters import reshaped_adapter
+
+    cache = tmp_path / "cache"
+    merged = EmbeddedLlamaCppClient(smollm2_dir, smollm2_gguf, adapter_path=SFT_ADAPTER, version="sft",
+                                    lora_cache=cache, threads=1, batch_threads=1, merge_adapter=True)
+    try:
+        assert merged.policy_version == "sft" and [p.name[:7] for p in cache.glob("*.gguf")] == ["merged-"]
+        _agree_with(merged, torch_sft, ctx)  # the trainer's weights, as closely as the runtime LoRA serves them
+        sft = _run(merged.generate(ctx, stop=[], max_tokens=24, temperature=0))
+        with pytest.raises(GGUFConversionError, match="do not fit the base weight"):
+            merged.load_adapter(reshaped_adapter(SFT_ADAPTER, tmp_path / "wide", hidden=960), "wide")
+        assert merged.policy_version == "sft"
+        assert _run(merged.generate(ctx, stop=[], max_tokens=24, temperature=0)).token_ids == sft.token_ids
+
+        merged.unload_adapter()  # the bundled GGUF again: the base engine's tokens
+        assert merged.policy_version == "base"
+        base = _run(llama.generate(ctx, stop=[], max_tokens=24, temperature=0))
+        assert _run(merged.generate(ctx, stop=[], max_tokens=24, temperature=0)).token_ids == base.token_ids
+        merged.load_adapter(SFT_ADAPTER, "sft")  # the cached merge, the same tokens
+        assert _run(merged.generate(ctx, stop=[], max_tokens=24, temperature=0)).token_ids == sft.token_ids
+        assert len(list(cache.glob("merged-*.gguf"))) == 1
+    finally:
+        _run(merged.aclose())
+    with pytest.raises(PolicyUnavailable):
+        merged.load_adapter(SFT_ADAPTER, "sft")
+
+
 def test_group_rows_equal_single_generations_and_prefix_reuse_equals_a_fresh_prefill(
         llama: EmbeddedLlamaCppClient, smollm2_dir: Path, smollm2_gguf: Path, ctx: PromptContext,
         tmp_path: Path) -> None:
