@@ -184,6 +184,10 @@ class AgentConfig(BaseModel):
     attribute_uncited: bool = Field(
         default=True, description="When an answer cites nothing, match its sentences to the retrieved passages they "
         "restate (labelled as matched after writing; rewards never use them).")
+    verify_citations: bool = Field(
+        default=True, description="Check every cited sentence against the passage it cites (MiniLM similarity and "
+        "word overlap, agent/support.py): re-attribute it to a retrieved passage that supports it, or remove the "
+        "citation and mark the sentence unsupported. The session log keeps the body as written too.")
     max_question_chars: int = Field(default=8000, ge=16, description="Longer questions are refused.")
     defaults: RunOptions = Field(default_factory=RunOptions, description="Default per-run options.")
 

@@ -1,11 +1,12 @@
 """The final report: the answer as Markdown with numbered references, every citation checked against the snippets
-actually retrieved in this session (unknown ids are removed and counted). No <think> text or raw tags leak."""
+actually retrieved in this session (unknown ids are removed and counted), then against what the passage says
+(`verify_report`, agent/support.py: re-attributed, or uncited and marked). No <think> text or raw tags leak."""
 
 from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,10 +14,9 @@ import numpy as np
 
 from agent import parse
 from agent.followup import typed_question
+from agent.support import UNSUPPORTED_MARK, Embed, SupportCheck, check_support  # Embed: re-exported
 from store.records import SessionRecord, Snippet, Trajectory
 
-Embed = Callable[[Sequence[str]], Sequence[Sequence[float]]]
-"""Texts → L2-normalised vectors (store.embeddings.embed_texts), so a dot product is the cosine similarity."""
 
 ATTRIBUTION_MIN_COSINE = 0.5
 """A sentence is matched to a passage only at this MiniLM cosine or above. Measured on the bundled corpus: a sentence
@@ -37,6 +37,8 @@ class Report:
     unknown_citations: int  # cited ids that no tool returned in this session (removed)
     answer_found: bool
     attributed: bool = False  # the [n] markers were matched after writing (the model cited nothing)
+    support: SupportCheck | None = None  # the support check (None: not run, as for sessions before it existed)
+    raw_body: str = ""  # the body before the support check repaired it ("" when it changed nothing or did not run)
 
 
 def answer_text(traj: Trajectory) -> str:
@@ -65,8 +67,48 @@ def build_report(traj: Trajectory) -> Report:
     return Report(_markdown(traj, body, refs, attributed=False), body, refs, unknown, found)
 
 
-def _markdown(traj: Trajectory, body: str, refs: tuple[Snippet, ...], attributed: bool) -> str:
-    lines = [f"# {_one_line(typed_question(traj.question))}", "", body, ""]
+def verify_report(report: Report, traj: Trajectory, embed: Embed) -> Report:
+    """Check every cited claim against its passage and repair the report (agent/support.py); `raw_body` keeps the
+    body as it was. A report with no answer or no citation is returned with an empty, verified check.
+
+    Raises:
+        Whatever `embed` raises: the caller shows the report as `unverified_report`.
+    """
+    if not report.answer_found or not report.references:
+        return replace(report, support=SupportCheck(()))
+    fixed = check_support(report.body, report.references, list(traj.snippets.values()), embed)
+    refs = tuple(traj.snippets[i] for i in fixed.order)
+    changed = fixed.body != report.body or fixed.order != tuple(s.id for s in report.references)
+    raw = report.body if changed else ""  # its [n] numbered the old references: each claim's `cited` names them
+    return replace(report, markdown=_markdown(traj, fixed.body, refs, report.attributed, fixed.check),
+                   body=fixed.body, references=refs, support=fixed.check, raw_body=raw)
+
+
+def unverified_report(report: Report, traj: Trajectory, reason: str) -> Report:
+    """The report as written, saying its citations could not be checked (the scorer was unavailable) and why."""
+    check = SupportCheck((), verified=False, note=reason)
+    return replace(report, markdown=_markdown(traj, report.body, report.references, report.attributed, check),
+                   support=check)
+
+
+def _support_line(check: SupportCheck | None) -> list[str]:
+    if check is None or (check.verified and not check.claims):
+        return []
+    if not check.verified:
+        return [f"_Citations not verified ({_one_line(check.note)[:200]}): check each one against its source._", ""]
+    n = check.counts()
+    parts = [f"{n['supported']} supported"]
+    if n["reattributed"]:
+        parts.append(f"{n['reattributed']} re-attributed to a passage that supports them")
+    if n["unsupported"]:
+        parts.append(f"{n['unsupported']} unsupported (marked {UNSUPPORTED_MARK}, citation removed)")
+    more = f"; {check.unchecked} more not checked" if check.unchecked else ""
+    return [f"_Citations checked against their passages: {', '.join(parts)}{more}._", ""]
+
+
+def _markdown(traj: Trajectory, body: str, refs: tuple[Snippet, ...], attributed: bool,
+              support: SupportCheck | None = None) -> str:
+    lines = [f"# {_one_line(typed_question(traj.question))}", "", body, "", *_support_line(support)]
     known = traj.snippets
     if refs:
         lines += ["## References", ""]
@@ -122,8 +164,13 @@ def attribute_report(report: Report, traj: Trajectory, embed: Embed,
 
 def report_fields(report: Report) -> dict[str, Any]:
     """What the session log keeps of a report (in its metrics) so `stored_report` gives back exactly this one."""
-    return {"body": report.body, "references": [s.id for s in report.references], "attributed": report.attributed,
-            "unknown_citations": report.unknown_citations, "answer_found": report.answer_found}
+    out = {"body": report.body, "references": [s.id for s in report.references], "attributed": report.attributed,
+           "unknown_citations": report.unknown_citations, "answer_found": report.answer_found}
+    if report.support is not None:
+        out["support"] = report.support.as_dict()
+    if report.raw_body:
+        out["raw_body"] = report.raw_body
+    return out
 
 
 def stored_report(record: SessionRecord) -> Report:
@@ -134,8 +181,19 @@ def stored_report(record: SessionRecord) -> Report:
     if isinstance(kept, Mapping) and isinstance(refs, list) and all(isinstance(i, str) and i in known for i in refs):
         return Report(record.report or "", str(kept.get("body", "")), tuple(known[i] for i in refs),
                       int(kept.get("unknown_citations", 0)), bool(kept.get("answer_found", True)),
-                      bool(kept.get("attributed", False)))
+                      bool(kept.get("attributed", False)), _stored_support(kept.get("support")),
+                      str(kept.get("raw_body", "")))
     return build_report(record.trajectory)
+
+
+def _stored_support(kept: object) -> SupportCheck | None:
+    """The stored support check, or None when there is none or it does not parse (an older or damaged record)."""
+    if not isinstance(kept, Mapping):
+        return None
+    try:
+        return SupportCheck.from_dict(dict(kept))
+    except (TypeError, ValueError):
+        return None
 
 
 MAX_UNCITED_SOURCES = 10

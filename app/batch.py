@@ -359,6 +359,7 @@ def _write_done(out_dir: Path, item: BatchItem, outcome: Any, options: RunOption
         "report": report.markdown,
         "citations": [{"id": s.id, "tool": s.tool, "title": s.title, "text": s.text, "url": s.url}
                       for s in report.references],
+        "support": report.support.as_dict() if report.support else None,  # each cited claim, checked
         "stages": stage_summary(outcome.trajectory),
         "tool_calls": len(outcome.trajectory.tool_calls),
         "policy_version": outcome.policy_version,
@@ -392,6 +393,7 @@ def write_index(out_dir: Path, items: Sequence[BatchItem]) -> tuple[Path, Path]:
             "cost_usd": usage.get("cost_usd"), "cost": format_cost(usage.get("cost_usd")) if usage else None,
             "report": f"{item.id}.md" if status == "done" else None,
             "json": f"{item.id}.json" if rec else None,
+            "support": rec.get("support"),  # the support check of each cited claim (None: not checked)
         })  # fmt: skip
     counts = {k: sum(1 for r in rows if r["status"] == k) for k in ("done", "failed", "pending")}
     total = batch_usage(records)
@@ -407,8 +409,9 @@ def write_index(out_dir: Path, items: Sequence[BatchItem]) -> tuple[Path, Path]:
          f"(updated {index['updated_at']})."), "",
         (f"Policy tokens over {total.items} item(s): {total.prompt_tokens:,} read, {total.sampled_tokens:,} sampled; "
          f"cost {format_cost(total.cost_usd)} (the judge's tokens are per session: `rubricem sessions show`)."), "",
-        "| id | status | question | seconds | tokens read / sampled | cost | report or error |",
-        "|---|---|---|---:|---:|---:|---|",
+        "| id | status | question | seconds | tokens read / sampled | cost | citations supported / re-attributed / "
+        "unsupported | report or error |",
+        "|---|---|---|---:|---:|---:|---:|---|",
     ]  # fmt: skip
     for r in rows:
         what = f"[{r['report']}]({r['report']})" if r["report"] else _cell(
@@ -417,9 +420,18 @@ def write_index(out_dir: Path, items: Sequence[BatchItem]) -> tuple[Path, Path]:
         question = _cell(r["question"], 80) or "*(empty)*"
         tokens = "" if r["cost"] is None else f"{r['prompt_tokens'] or 0:,} / {r['sampled_tokens'] or 0:,}"
         lines.append(f"| {r['id']} | {r['status']} | {question} | {seconds} | {tokens} | {r['cost'] or ''} "
-                     f"| {what} |")
+                     f"| {_support_cell(r['support'])} | {what} |")
     write_atomic(md_path, "\n".join(lines) + "\n")
     return md_path, json_path
+
+
+def _support_cell(support: object) -> str:
+    """"2 / 1 / 0" from a stored support check; "not verified" or "" (none ran, or an older record)."""
+    if not isinstance(support, dict):
+        return ""
+    if not support.get("verified"):
+        return "not verified"
+    return " / ".join(str(int(support.get(k, 0) or 0)) for k in ("supported", "reattributed", "unsupported"))
 
 
 # ---------------------------------------------------------------- the run

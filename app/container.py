@@ -234,7 +234,8 @@ def build(settings: Settings | None = None, say: Say = lambda _m: None, progress
     tools = build_tools(settings.agent, index)
     tools.update(build_mcp_tools(settings, tools, say))
     registry = Registry(log)
-    embed = partial(embed_texts, model_name=settings.store.embedding_model) if settings.agent.attribute_uncited else None
+    uses = settings.agent.attribute_uncited or settings.agent.verify_citations
+    embed = partial(embed_texts, model_name=settings.store.embedding_model) if uses else None
     research = ResearchService(policy, tools, log, settings.agent, bank, live=registry, embed=embed,
                                base_adapter=base_adapter(settings), durable=durable_sessions(settings, log),
                                lease=lease_timing(settings))

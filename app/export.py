@@ -22,6 +22,7 @@ from markdown_it.utils import EnvType, OptionsDict
 
 from agent.followup import typed_question
 from agent.report import MAX_UNCITED_SOURCES, stored_report
+from agent.support import SupportCheck
 from store.records import SessionRecord, Snippet
 
 __all__ = [
@@ -63,6 +64,8 @@ class ExportDoc:
             (as the stored report does). Empty whenever `references` is not.
         attributed: The model cited nothing and the `[n]` markers were matched to passages after writing
             (`agent.report.attribute_report`); the references heading says so.
+        support: Each cited sentence checked against its passage (`agent.support`), listed after the references;
+            None for a session that was not checked.
     """
 
     title: str
@@ -73,6 +76,7 @@ class ExportDoc:
     created_at: str
     consulted: tuple[Snippet, ...] = ()
     attributed: bool = False
+    support: SupportCheck | None = None
 
 
 def doc_from_session(record: SessionRecord) -> ExportDoc:
@@ -107,6 +111,7 @@ def doc_from_session(record: SessionRecord) -> ExportDoc:
         created_at=record.created_at,
         consulted=consulted,
         attributed=report.attributed,
+        support=report.support,
     )
 
 
@@ -148,6 +153,21 @@ def references_heading(doc: ExportDoc) -> str:
     return "References (matched after writing; the model cited none)" if doc.attributed else "References"
 
 
+SUPPORT_HEADING = "Citation check"
+_STATUS_WORDS = {"supported": "supported", "reattributed": "re-attributed", "unsupported": "unsupported"}
+
+
+def support_lines(doc: ExportDoc) -> list[str]:
+    """One plain line per checked claim ("supported (0.82): the sentence"), or the reason it was not verified;
+    empty when there is nothing to show. The sentences are the model's text: renderers escape them."""
+    c = doc.support
+    if c is None or (c.verified and not c.claims):
+        return []
+    if not c.verified:
+        return [f"Not verified: {c.note}."]
+    return [f"{_STATUS_WORDS[x.status]} ({x.score:.2f}): {_one_line(_clip(x.text))}" for x in c.claims]
+
+
 def to_markdown(doc: ExportDoc) -> str:
     """The report as a Markdown file: question, metadata, answer, references with their snippets.
 
@@ -168,6 +188,8 @@ def to_markdown(doc: ExportDoc) -> str:
             if snippet:
                 lines += ["", f"   > {snippet}", ""]
         lines.append("")
+    if support := support_lines(doc):
+        lines += [f"## {SUPPORT_HEADING}", "", *(f"- {ln}" for ln in support), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -320,6 +342,9 @@ def to_html(doc: ExportDoc) -> str:
         items = "\n".join(_source_html(s, None) for s in doc.consulted)
         parts.append(f'<section id="consulted">\n<h2>Sources consulted (not cited in the text)</h2>\n'
                      f'<ul class="consulted">\n{items}\n</ul>\n</section>')
+    if support := support_lines(doc):
+        items = "\n".join(f"<li>{e(ln)}</li>" for ln in support)
+        parts.append(f'<section id="citation-check">\n<h2>{SUPPORT_HEADING}</h2>\n<ul>\n{items}\n</ul>\n</section>')
     parts += ["</article>", "</body>", "</html>", ""]
     return "\n".join(parts)
 
@@ -500,6 +525,9 @@ def _render_pdf(doc: ExportDoc, chosen: PdfFonts | None, *, plain_answer: bool) 
     if doc.consulted:
         fragment.append("<h2>Sources consulted (not cited in the text)</h2>")
         fragment += [_pdf_source("", s, fit) for s in doc.consulted]
+    if support := support_lines(doc):
+        fragment.append(f"<h2>{SUPPORT_HEADING}</h2>")
+        fragment += [f"<p>{e(fit(ln))}</p>" for ln in support]
     pdf.add_page()
     pdf.set_font(family, size=11)
     pdf.write_html("\n".join(fragment), font_family=family,

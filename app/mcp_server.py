@@ -107,6 +107,36 @@ class Reference(BaseModel):
     text: str
 
 
+class ClaimCheck(BaseModel):
+    """One cited sentence of the answer, checked against the passages (agent/support.py)."""
+
+    text: str = Field(description="The sentence, without its markers.")
+    status: Literal["supported", "reattributed", "unsupported"] = Field(
+        description="supported: a cited passage supports it; reattributed: another retrieved passage did and is "
+        "cited instead; unsupported: none did, the citation was removed and the sentence is marked.")
+    score: float = Field(description="Support in [0, 1] (MiniLM similarity and word overlap).")
+    cited: list[str] = Field(description="Snippet ids the model cited for it.")
+    cites: list[str] = Field(description="Snippet ids it cites in the report.")
+
+
+class CitationSupport(BaseModel):
+    """The support check of the report's citations."""
+
+    verified: bool = Field(description="False: the scorer was unavailable and the report is shown as written.")
+    note: str
+    claims: list[ClaimCheck]
+
+
+def citation_support(report: Report) -> CitationSupport | None:
+    """The report's support check for MCP callers (None: the session was not checked)."""
+    c = report.support
+    if c is None:
+        return None
+    return CitationSupport(verified=c.verified, note=c.note, claims=[
+        ClaimCheck(text=x.text, status=x.status, score=x.score, cited=list(x.cited), cites=list(x.kept))
+        for x in c.claims])
+
+
 class ResearchResult(BaseModel):
     """A finished research session."""
 
@@ -114,6 +144,7 @@ class ResearchResult(BaseModel):
     report: str = Field(description="The answer as Markdown with [n] markers and a references section.")
     references: list[Reference]
     matched_after_writing: bool = Field(description="The model cited nothing; [n] were matched to passages after.")
+    support: CitationSupport | None = Field(default=None, description="Each cited sentence, checked.")
     policy_version: str
     tool_calls: int
 
@@ -167,6 +198,7 @@ class SessionResult(BaseModel):
     report: str | None
     error: str | None
     references: list[Reference]
+    support: CitationSupport | None = Field(default=None, description="Each cited sentence, checked.")
     tool_calls: list[ToolCallSummary]
     turns: list[TurnText] | None = Field(default=None, description="Only when include_turns is set.")
 
@@ -188,6 +220,7 @@ def session_result(record: SessionRecord, include_turns: bool) -> SessionResult:
         session_id=record.session_id, question=record.question, status=record.status, source=record.source,
         created_at=record.created_at, finished_at=record.finished_at, policy_version=record.policy_version,
         report=record.report, error=record.error, references=references(report) if report else [],
+        support=citation_support(report) if report else None,
         tool_calls=[ToolCallSummary(tool=c.tool, query=c.query, results=len(c.snippets), error=c.error)
                     for c in traj.tool_calls],
         turns=[TurnText(stage=t.stage, kind=t.kind, text=t.text) for t in traj.turns] if include_turns else None,
@@ -416,7 +449,8 @@ def build_server(
         report = outcome.report
         result = ResearchResult(
             session_id=outcome.session_id, report=report.markdown, references=references(report),
-            matched_after_writing=report.attributed, policy_version=outcome.policy_version,
+            matched_after_writing=report.attributed, support=citation_support(report),
+            policy_version=outcome.policy_version,
             tool_calls=len(outcome.trajectory.tool_calls),
         )
         text = f"{report.markdown.rstrip()}\n\n(session {outcome.session_id})"

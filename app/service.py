@@ -23,7 +23,7 @@ from agent.config import AgentConfig, RunOptions
 from agent.deps import AgentDeps
 from agent.errors import AgentError, InputError
 from agent.protocols import PolicyClient, ReflectionBank, SearchTool
-from agent.report import Embed, Report, attribute_report, report_fields
+from agent.report import Embed, Report, attribute_report, report_fields, unverified_report, verify_report
 from agent.sequence import policy_model
 from agent.run import (
     PausedRun,
@@ -122,6 +122,7 @@ def _metrics(traj: Trajectory, report: Report, seconds: float) -> dict[str, Any]
         "unknown_citations": report.unknown_citations,
         "attributed_references": len(report.references) if report.attributed else 0,
         "references": len(report.references),
+        **({f"{k}_claims": v for k, v in report.support.counts().items()} if report.support else {}),
         "malformed": traj.malformed,
         "stages": stage_summary(traj),
     }
@@ -158,7 +159,8 @@ class ResearchService:
         durable: DurableSessions | None = None,
         lease: LeaseTiming | None = None,
     ) -> None:
-        """`embed` (texts → normalised vectors) lets an uncited answer get references matched after writing;
+        """`embed` (texts → normalised vectors) lets an uncited answer get references matched after writing and
+        every citation be checked against its passage (`config.attribute_uncited`, `config.verify_citations`);
         `base_adapter` is what the registry's `base` version serves (app.container.base_adapter: the SFT adapter);
         `lease` how this process holds the sessions it runs (issue 34: a resume never takes over a live one)."""
         self.policy, self.tools, self.log, self.config, self.bank = policy, dict(tools), log, config, bank
@@ -214,13 +216,30 @@ class ResearchService:
 
     async def _attribute(self, report: Report, traj: Trajectory, sink: EventSink) -> Report:
         """Matched references for an uncited answer; an embedding failure keeps the report as written."""
-        if self.embed is None or report.references:
+        if self.embed is None or report.references or not self.config.attribute_uncited:
             return report
         try:
             return await asyncio.to_thread(attribute_report, report, traj, self.embed)
         except Exception as exc:  # noqa: BLE001 - the answer stands without matched references
             sink(ev.Note("attribution_failed", {"error": f"{type(exc).__name__}: {exc}"}))
             return report
+
+    async def _verify(self, report: Report, traj: Trajectory, sink: EventSink) -> Report:
+        """The support check of every cited claim (agent/support.py), which repairs the report; without the scorer
+        (no embedding model, or it failed) the report is shown as written and says it is unverified. Never blocks
+        the answer."""
+        if not self.config.verify_citations:
+            return report
+        if self.embed is None:
+            return unverified_report(report, traj, "no embedding model is configured") if report.references else \
+                report
+        try:
+            return await asyncio.to_thread(verify_report, report, traj, self.embed)
+        except Exception as exc:  # noqa: BLE001 - the answer stands, unverified, and says so
+            message = f"{type(exc).__name__}: {exc}"
+            _log.warning("citation support check unavailable: %s", message)
+            sink(ev.Note("support_check_failed", {"error": message}))
+            return unverified_report(report, traj, "the support scorer is unavailable")
 
     def _tools(self, names: Collection[str] | None) -> dict[str, SearchTool]:
         if names is None:
@@ -340,6 +359,7 @@ class ResearchService:
         if not isinstance(result, RunResult):
             raise RuntimeError(f"the run stopped early ({type(result).__name__})")
         traj, report = result.trajectory, await self._attribute(result.report, result.trajectory, sink)
+        report = await self._verify(report, traj, sink)
         seconds = time.monotonic() - started
         self.log.set_flags(sid, malformed=traj.malformed, max_consecutive_tool_errors=traj.max_consecutive_tool_errors)
         metrics = _metrics(traj, report, seconds) | {"report": report_fields(report), "bank": bank_meta}

@@ -16,6 +16,8 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from agent.errors import AgentError, IngestError, InputError
+from agent.report import stored_report
+from agent.support import support_summary
 from app.cli import bank as cli_bank, batch as cli_batch, deeprubric as cli_deeprubric, loop as cli_loop
 from app.cli import mcp as cli_mcp, policy_server as cli_policy_server, resume as cli_resume, sft as cli_sft
 from app.cli import train as cli_train, ui as cli_ui, users as cli_users
@@ -70,6 +72,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     progress.say(
         f"done: {len(outcome.trajectory.tool_calls)} tool calls, {len(report.references)} references"
         + (f", {report.unknown_citations} unknown citation ids removed" if report.unknown_citations else "")
+        + (f"; citations: {support_summary(report.support)}" if report.support else "")
         + (" (malformed trajectory: a stage was missing)" if outcome.trajectory.malformed else "")
     )
     print(report.markdown)  # the report reaches stdout even if writing a file below fails
@@ -81,6 +84,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
             "session_id": outcome.session_id,
             "report": report.markdown,
             "citations": [{"id": s.id, "title": s.title, "text": s.text} for s in report.references],
+            "support": report.support.as_dict() if report.support else None,  # each cited claim, checked
             "stages": stage_summary(outcome.trajectory),
             "policy_version": outcome.policy_version,
         }
@@ -180,6 +184,9 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         print(f"error     {rec.error}")
     print(f"turns     {len(traj.turns)} ({sum(len(t.token_ids) for t in traj.turns)} tokens, "
           f"{sum(sum(t.mask) for t in traj.turns)} trainable); tool calls {len(traj.tool_calls)}")
+    support = stored_report(rec).support if rec.status == "completed" else None
+    if support is not None:
+        print(f"citations {support_summary(support)}")
     for j in log.judgements(rec.session_id) if rec.status == "completed" else []:
         stages = j.payload.get("stages", {}) if j.status == "ok" else {}
         scores = ", ".join(
@@ -269,9 +276,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("eval-runs") / args.bench
     options = _run_options(settings, args).model_copy(update={"inject_bank": args.inject_bank})
     judge = build_judge_client(settings) if settings.learning.judge.base_url else None
-    # Benchmarks grade the model's own citations: references matched after writing (a reading aid in the UI and
-    # the reports) would lift citation scores for citations the model never wrote.
-    settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={"attribute_uncited": False})})
+    # Benchmarks grade the model's own citations: references matched after writing or repaired by the support check
+    # (reading aids in the UI and the reports) would lift citation scores for citations the model never wrote.
+    settings = settings.model_copy(update={"agent": settings.agent.model_copy(
+        update={"attribute_uncited": False, "verify_citations": False})})
     services = build(settings, say=progress.say, progress=progress.bar)
 
     def tick(label: str) -> Any:

@@ -25,6 +25,8 @@ from app.ui.view import (
     failure_text,
     md_literal,
     references_html,
+    support_caption,
+    support_rows,
     usage_note,
     usage_summary,
     usage_table,
@@ -219,6 +221,11 @@ def draw_run(view: RunView, live: bool) -> None:
             st.markdown(references_html(view.report, view.session_id or "live"), unsafe_allow_html=True)
         elif not view.report.answer_found:
             st.warning("The model produced no answer text.")
+        if caption := support_caption(view.report):
+            st.caption(caption)
+            if rows := support_rows(view.report):
+                with st.expander("Citation check: each cited sentence", expanded=False):
+                    st.dataframe(rows, hide_index=True, key=f"support_{view.session_id or 'live'}")
 
 
 def _draw_feedback(session_id: str) -> None:

@@ -304,6 +304,30 @@ def one_line_html(fragment: str) -> str:
     return _LINE_ENDING.sub("&#10;", fragment)
 
 
+def support_caption(report: Report) -> str | None:
+    """The support check in one line under the answer, or None when there was nothing to check."""
+    c = report.support
+    if c is None or (c.verified and not c.claims):
+        return None
+    if not c.verified:
+        return f"Citations not verified ({c.note}): check each one against its source."
+    n = c.counts()
+    return (f"Citations checked against their passages: {n['supported']} supported, {n['reattributed']} "
+            f"re-attributed to a passage that supports them, {n['unsupported']} unsupported (marked, citation "
+            "removed).")
+
+
+def support_rows(report: Report) -> list[dict[str, object]]:
+    """Each checked claim as a data-frame row (plain text: the sentence is the model's, never rendered): the
+    sentence, what became of its citation, its support, and the reference numbers it cites now."""
+    if report.support is None:
+        return []
+    number = {s.id: n for n, s in enumerate(report.references, 1)}
+    word = {"supported": "supported", "reattributed": "re-attributed", "unsupported": "unsupported"}
+    return [{"sentence": c.text, "citation": word[c.status], "support": round(c.score, 2),
+             "cites": " ".join(f"[{number[i]}]" for i in c.kept if i in number)} for c in report.support.claims]
+
+
 def cited_html(report: Report, session_id: str) -> str:
     """The answer as safe HTML (the export's renderer: Markdown drawn, raw HTML escaped, images off), its [n] markers
     linked to this session's entries in the references panel; one line (`one_line_html`)."""

@@ -16,6 +16,8 @@ from typing import Any, Literal
 import numpy as np
 
 from agent.parse import strip_process_blocks, strip_tags
+from agent.report import build_report
+from agent.support import check_support
 from learning.errors import JudgeUnavailable
 from learning.judge.aggregate import stage_score
 from learning.judge.buffer import RubricBuffer, load_buffer, normalise_title, save_unless_deleted
@@ -32,7 +34,7 @@ from learning.judge.types import (
 from store.records import STAGES, Stage, Trajectory, sha256_text
 
 OFFLINE_MODEL = "offline-minilm"
-OFFLINE_VERSION = "offline-1"  # recorded as the prompt_version: bump when a formula or threshold below changes
+OFFLINE_VERSION = "offline-2"  # recorded as the prompt_version: bump when a formula or threshold below changes
 
 # Cosine similarity (L2-normalised MiniLM vectors) between a rubric and its best-matching answer sentence → 0/1/2.
 # Measured with all-MiniLM-L6-v2: a sentence stating what a checklist item asks scores ~0.6-0.9, the same topic
@@ -40,7 +42,10 @@ OFFLINE_VERSION = "offline-1"  # recorded as the prompt_version: bump when a for
 # (touched on), else 0.
 SIM_FULL = 0.55
 SIM_PARTIAL = 0.35
-COVERAGE_WEIGHT = 0.7  # Answer R = 0.7 · coverage + 0.3 · citation precision (0 when nothing is cited)
+# Answer R = 0.7 · coverage + 0.3 · citation precision (0 when nothing is cited). Citation precision counts a cited
+# id only when it names a retrieved passage that supports its sentence (agent/support.py, issue 48): a citation to a
+# retrieved but unrelated passage scores as a wrong one. `CitationCheck.precision` keeps the id-validity share.
+COVERAGE_WEIGHT = 0.7
 CITATION_WEIGHT = 0.3
 SEARCH_TARGET = 3  # research volume saturates at 3 tool calls (DR Tulu's search reward: min(#queries / 3, 1))
 MAX_SENTENCES = 200
@@ -194,9 +199,32 @@ class OfflineJudge:
         buffer = (await self._buffer(question, persistent, deletions_seen)).with_persistent(session_rubrics)
         chosen = self._answer_rubrics(question, trajectories, buffer)
         similarities = await self._similarities(chosen.rubrics, trajectories)
+        support = await self._support(trajectories)
         return [
-            self._judge_one(t, chosen, sims, buffer.version) for t, sims in zip(trajectories, similarities, strict=True)
+            self._judge_one(t, chosen, sims, buffer.version, sup)
+            for t, sims, sup in zip(trajectories, similarities, support, strict=True)
         ]
+
+    async def _support(self, trajectories: Sequence[Trajectory]) -> list[tuple[int, int]]:
+        """Per trajectory, the model's own citations checked against their passages (agent/support.py, the check
+        the report gets, before any repair): (claims checked, cited passages that support their claim)."""
+        from functools import partial
+
+        from store.embeddings import EmbeddingModelError, embed_texts
+
+        embed = partial(embed_texts, model_name=self.embedding_model)
+
+        def one(t: Trajectory) -> tuple[int, int]:
+            report = build_report(t)
+            if not report.references:
+                return 0, 0
+            check = check_support(report.body, report.references, list(t.snippets.values()), embed).check
+            return len(check.claims), sum(len(set(c.kept) & set(c.cited)) for c in check.claims)
+
+        try:
+            return await asyncio.to_thread(lambda: [one(t) for t in trajectories])
+        except EmbeddingModelError as exc:
+            raise JudgeUnavailable(f"the offline judge cannot load its embedding model: {exc}") from exc
 
     async def _buffer(self, question: str, persistent: Sequence[Rubric], deletions_seen: int | None) -> RubricBuffer:
         if self.store is None:
@@ -254,10 +282,13 @@ class OfflineJudge:
         return out
 
     def _judge_one(
-        self, trajectory: Trajectory, chosen: _AnswerRubrics, sims: list[tuple[float, str]], version: str
+        self, trajectory: Trajectory, chosen: _AnswerRubrics, sims: list[tuple[float, str]], version: str,
+        support: tuple[int, int] = (0, 0),
     ) -> Judgement:
         present = trajectory.stages_present
-        citations: CitationCheck = check_citations(trajectory)
+        checked, supported = support
+        citations: CitationCheck = check_citations(trajectory).model_copy(
+            update={"support_checked": checked, "supported": supported})
         components: dict[str, Any] = {}
         stages: dict[Stage, StageResult] = {}
         measures: tuple[tuple[Stage, Callable[[Trajectory], dict[str, float]]], ...] = (
@@ -283,10 +314,12 @@ class OfflineJudge:
             for r, (sim, sentence) in zip(chosen.rubrics, sims, strict=True)
         ]
         coverage = stage_score((r, s.score) for r, s in zip(chosen.rubrics, scored, strict=True))
-        precision = citations.precision if citations.precision is not None else 0.0
+        supported_precision = min(1.0, supported / citations.cited) if citations.cited else None
+        precision = supported_precision if supported_precision is not None else 0.0
         components["answer"] = {
             "coverage": coverage,
-            "citation_precision": citations.precision,
+            "citation_precision": supported_precision,
+            "citation_validity": citations.precision,
             "rubric_source": chosen.source,
             "rubrics": [{"id": r.id, "title": r.title} for r in chosen.rubrics],
         }

@@ -169,6 +169,9 @@ def test_six_questions_two_bad_give_four_reports_two_failures_and_a_rerun_does_n
     index = json.loads((out / "index.json").read_text())
     assert index["counts"] == {"done": 4, "failed": 2, "pending": 0}
     assert [r["id"] for r in index["items"]] == [f"{i:04d}" for i in range(1, 7)]
+    for r in index["items"]:  # the support check of each done item's cited claims (issue 48); none for a failure
+        assert (r["support"]["verified"] and isinstance(r["support"]["claims"], list)) if r["status"] == "done" \
+            else r["support"] is None
     index_md = (out / "index.md").read_text()
     assert "| 0003 | failed | *(empty)* |" in index_md and "[0001.md](0001.md)" in index_md
     assert "done            4" in p.stdout and "failed          2  (2 bad input, 0 run failures)" in p.stdout

@@ -45,12 +45,18 @@ def test_ask_with_the_embedded_default_writes_report_json_and_session(env: dict[
         assert f"] {stage}" in p.stderr  # stage-by-stage progress
     assert "Indexing the bundled Wikipedia demo corpus" in p.stderr
     payload = json.loads(out_json.read_text())
-    assert set(payload) == {"session_id", "report", "citations", "stages", "policy_version"}
+    assert set(payload) == {"session_id", "report", "citations", "support", "stages", "policy_version"}
+    support = payload["support"]  # each cited sentence checked against its passage (issue 48)
+    assert support["verified"] and all(c["status"] in ("supported", "reattributed", "unsupported") and
+                                       set(c["kept"]) <= {s["id"] for s in payload["citations"]}
+                                       for c in support["claims"])
+    assert sum(support[k] for k in ("supported", "reattributed", "unsupported")) == len(support["claims"])
     assert payload["report"] == out_md.read_text() and p.stdout.strip() == payload["report"].strip()
     assert [s["stage"] for s in payload["stages"]] == ["plan", "research", "review", "answer"]
     assert payload["policy_version"] == "base"
     shown = rubricem(["sessions", "show", payload["session_id"]], env)
     assert shown.returncode == 0 and "status    completed" in shown.stdout and "source    cli\n" in shown.stdout
+    assert f"citations {support['supported']} supported, {support['reattributed']} re-attributed" in shown.stdout
     listed = rubricem(["sessions", "list", "--source", "cli"], env)
     assert payload["session_id"] in listed.stdout and "  cli  " in listed.stdout
     assert rubricem(["sessions", "list", "--source", "eval"], env).stdout.strip() == "no sessions"

@@ -4,6 +4,7 @@ pypdf); model output is untrusted, so raw HTML is escaped and only web URLs beco
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 import os
 from html.parser import HTMLParser
 from pathlib import Path
@@ -258,3 +259,24 @@ def test_answers_fpdf2_cannot_lay_out_still_reach_the_pdf_whole() -> None:
     assert "bell nul done" in text  # control characters dropped, not turned into boxes
     page = "".join(Parsed(to_html(doc(body=deep))).text)  # markdown-it's default nesting cap (20) would drop these
     assert all(f"level {i}" in page for i in range(40)) and "deepest-quote" in page
+
+
+def test_every_format_lists_the_citation_check_with_the_sentences_escaped() -> None:
+    """Issue 48: the exports carry each checked claim (status, support, sentence); a claim is the model's text."""
+    from agent.support import ClaimSupport, SupportCheck
+
+    check = SupportCheck((ClaimSupport("Haymo died in 1244.", ("abcd0002-1",), ("abcd0002-1",), 0.81, "supported"),
+                          ClaimSupport("<b>Bold</b> claim <script>x</script>", ("abcd0001-0",), (), 0.12,
+                                       "unsupported")))
+    d = replace(doc(body="Haymo died in 1244 [1]. <b>Bold</b> claim *(unsupported)*.", refs=REFS[1:]), support=check)
+    md = to_markdown(d)
+    assert "## Citation check" in md and "- supported (0.81): Haymo died in 1244." in md
+    assert "- unsupported (0.12): <b>Bold</b> claim" in md  # Markdown is the model's text verbatim (documented)
+    page = to_html(d)
+    assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert 'id="citation-check"' in page and "unsupported (0.12)" in "".join(Parsed(page).text)
+    text = pdf_text(to_pdf(d))
+    assert "Citation check" in text and "supported (0.81): Haymo died in 1244." in text
+    unverified = replace(d, support=SupportCheck((), verified=False, note="the support scorer is unavailable"))
+    assert "Not verified: the support scorer is unavailable." in to_markdown(unverified)
+    assert "Citation check" not in to_markdown(replace(d, support=None))  # a session from before the check

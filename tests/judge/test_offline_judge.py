@@ -58,6 +58,20 @@ def test_similarity_thresholds_and_sentences() -> None:
     assert answer_sentences(t) == ["First claim here.", "Second one!", "Third"]
 
 
+@pytest.mark.slow
+def test_citation_precision_counts_only_citations_whose_passage_supports_the_sentence() -> None:
+    """Issue 48: citing a retrieved passage that says something else scores as a wrong citation; the id-validity
+    share (`CitationCheck.precision`) still counts it."""
+    true = trajectory("true")  # "Books were translated into <cite>Latin</cite>", and the passage says so
+    swapped = trajectory("swapped", answer='<cite id="abcd0001-0">The Eiffel Tower opened in Paris in 1889</cite>.')
+    jt, js = asyncio.run(OfflineJudge().judge_group(QUESTION, [true, swapped]))
+    assert jt.citations.supported == 1 and jt.scaffold["offline"]["answer"]["citation_precision"] == 1.0
+    assert js.citations.valid == 1 and js.citations.precision == 1.0  # the id names a retrieved passage ...
+    assert js.citations.supported == 0 and js.scaffold["offline"]["answer"]["citation_precision"] == 0.0  # ... wrong
+    cov = js.scaffold["offline"]["answer"]["coverage"]
+    assert js.stage_scores()["answer"] == pytest.approx(0.7 * cov)
+
+
 def test_missing_embedding_model_raises_unavailable() -> None:
     judge = OfflineJudge(embedding_model="/nonexistent/embedding-model")
     with pytest.raises(JudgeUnavailable):

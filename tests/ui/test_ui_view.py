@@ -17,6 +17,8 @@ from app.ui.view import (
     cited_html,
     one_line_html,
     references_html,
+    support_caption,
+    support_rows,
 )
 from store.records import SessionRecord, Snippet
 from tests.judge.builders import PLAN, trajectory
@@ -139,3 +141,23 @@ def test_follow_up_questions_carry_context_within_the_limit() -> None:
     # the report's title is what was typed, not the chat context
     assert build_report(trajectory(question=q, answer="He studied at Oxford.")).markdown.startswith(
         "# Where did he study?\n")
+
+
+def test_the_citation_check_shows_under_the_answer_as_plain_rows() -> None:
+    """Issue 48: a caption with the counts, and each checked sentence as a data-frame row (plain text, never
+    rendered), numbered as the report's references; nothing for a report with nothing cited or never checked."""
+    from agent.support import ClaimSupport, SupportCheck
+
+    report = build_report(trajectory())
+    sid = report.references[0].id
+    check = SupportCheck((ClaimSupport("Books were translated into Latin.", (sid,), (sid,), 0.8, "supported"),
+                          ClaimSupport("<img src=x onerror=alert(1)>", (sid,), (), 0.1, "unsupported")))
+    checked = replace(report, support=check)
+    caption = support_caption(checked)
+    assert caption is not None and "1 supported" in caption and "1 unsupported" in caption
+    assert support_rows(checked) == [
+        {"sentence": "Books were translated into Latin.", "citation": "supported", "support": 0.8, "cites": "[1]"},
+        {"sentence": "<img src=x onerror=alert(1)>", "citation": "unsupported", "support": 0.1, "cites": ""}]
+    assert support_caption(replace(report, support=SupportCheck(()))) is None and support_caption(report) is None
+    down = support_caption(replace(report, support=SupportCheck((), verified=False, note="the scorer is missing")))
+    assert down is not None and down.startswith("Citations not verified (the scorer is missing)")

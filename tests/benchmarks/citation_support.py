@@ -1,0 +1,191 @@
+"""Benchmark (not a test): verified citations (issue 48) on the held-out questions that have gold passages.
+
+Each of the 32 held-out questions with gold passages (learning/eval/heldout.py) is researched once by the product's
+default policy (SmolLM2-135M + the shipped SFT adapter, llama.cpp), at the learning curve's budgets (stage caps
+352/128/224/160, 2 tool calls, 3 snippets of 300 characters, temperature 0.8, the curve's sampling seed of sample 0).
+The service runs with `attribute_uncited` and `verify_citations` off, so each session's report is the model's own;
+then, on the same session, the report before (`build_report`) and after the support check (`verify_report`) are
+scored with the held-out figures:
+
+- citation precision against gold (the share of the report's references that are gold passages; 0 when it cites
+  nothing), per question, after − before: mean, 95 % bootstrap interval, sign-flip p (learning/eval/curve.py);
+- the share of cited claims the check finds unsupported, before, and after (marked claims over all claims);
+- every claim the check changed (re-attributed or unsupported) goes to `labels.jsonl` with its sentence and the
+  passage it cited, for a reader to label `reader_keeps` (true: the cited passage does support the sentence, so the
+  check dropped a claim a reader would keep). `--report-only` then adds the false-drop rate over the labelled rows.
+
+    .venv/bin/python tests/benchmarks/citation_support.py --out docs/citations
+    .venv/bin/python tests/benchmarks/citation_support.py --out docs/citations --report-only   # after labelling
+
+Sessions are resumable: a question already in `sessions.jsonl` is not run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from agent.config import RunOptions, StageTokenCaps  # noqa: E402
+from agent.report import build_report, verify_report  # noqa: E402
+from learning.eval.curve import paired, sign_flip_p  # noqa: E402
+from learning.eval.heldout import load_heldout, session_figures  # noqa: E402
+from store.embeddings import embed_texts  # noqa: E402
+
+CAPS = StageTokenCaps(plan=352, research=128, review=224, answer=160)  # the learning curve's (docs/learning_curve)
+
+
+def _seed(item_id: str) -> int:
+    import zlib
+
+    return zlib.crc32(f"{item_id}#0".encode()) % (2**31 - 1)  # the learning curve's sample-0 seed
+
+
+def _settings(data: Path) -> Any:
+    from app.settings import Settings
+
+    from app.container import SHIPPED_SFT_ADAPTER
+
+    s = Settings()
+    converted = ROOT / ".cache" / "models" / "smollm2-135m-instruct"  # `make install` converted it: no second copy
+    agent = s.agent.model_copy(update={
+        "attribute_uncited": False, "verify_citations": False, "local_search_k": 3, "snippet_chars": 300,
+        **({"embedded_model_path": converted, "embedded_adapter_path": SHIPPED_SFT_ADAPTER}
+           if (converted / "config.json").is_file() else {})})
+    return s.model_copy(update={"agent": agent, "store": s.store.model_copy(update={"data_dir": data})})
+
+
+async def run_sessions(out: Path, limit: int) -> None:
+    from app.container import build
+
+    items = [i for i in load_heldout() if i.gold_titles][: limit or None]
+    path = out / "sessions.jsonl"
+    done = {json.loads(x)["item"] for x in path.read_text().splitlines()} if path.exists() else set()
+    todo = [i for i in items if i.id not in done]
+    if not todo:
+        return
+    data = Path(tempfile.mkdtemp(prefix="citations-"))
+    services = build(_settings(data), say=lambda *_: None, progress=None)
+    try:
+        for n, item in enumerate(todo, 1):
+            began = time.perf_counter()
+            opts = RunOptions(format=item.format, max_tool_calls=2, temperature=0.8, seed=_seed(item.id),
+                              wall_clock_s=3600, token_caps=CAPS, inject_bank=False)
+            try:
+                result = await services.research.run(item.question, opts, source="eval")
+            except Exception as exc:  # noqa: BLE001 - recorded, the question counts with no report
+                row = {"item": item.id, "error": f"{type(exc).__name__}: {exc}"}
+            else:
+                row = session_row(item, result.trajectory)
+            row["seconds"] = round(time.perf_counter() - began, 1)
+            with path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            print(f"[{n}/{len(todo)}] {item.id}: {row['seconds']} s", file=sys.stderr, flush=True)
+    finally:
+        await services.policy.aclose()
+
+
+def session_row(item: Any, traj: Any) -> dict[str, Any]:
+    """One session: the figures of the report before and after the check, and every claim with its passages."""
+    raw = build_report(traj)
+    checked = verify_report(raw, traj, embed_texts)
+    gold = {t.casefold() for t in item.gold_titles}
+    claims = []
+    for c in checked.support.claims if checked.support else ():
+        claims.append({**c.as_dict(), "cited_passages": [
+            {"id": i, "title": traj.snippets[i].title, "text": traj.snippets[i].text,
+             "gold": traj.snippets[i].title.casefold() in gold} for i in c.cited],
+            "kept_titles": [traj.snippets[i].title for i in c.kept]})
+    return {"item": item.id, "question": item.question, "gold_titles": list(item.gold_titles),
+            "before": session_figures(item, traj, raw), "after": session_figures(item, traj, checked),
+            "body_before": raw.body, "body_after": checked.body, "claims": claims}
+
+
+def write_labels(out: Path, rows: list[dict[str, Any]]) -> None:
+    """Every changed claim, for a reader: kept labels survive a rerun (keyed by item and sentence)."""
+    path = out / "labels.jsonl"
+    old = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            old[(r["item"], r["text"])] = r.get("reader_keeps")
+    lines = []
+    for row in rows:
+        for c in row.get("claims", []):
+            if c["status"] == "supported":
+                continue
+            lines.append({"item": row["item"], "text": c["text"], "status": c["status"], "score": c["score"],
+                          "cited": [{"title": p["title"], "text": p["text"]} for p in c["cited_passages"]],
+                          "now_cites": c["kept_titles"], "reader_keeps": old.get((row["item"], c["text"]))})
+    path.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
+
+
+def report(out: Path) -> dict[str, Any]:
+    rows = [json.loads(x) for x in (out / "sessions.jsonl").read_text().splitlines()]
+    ok = [r for r in rows if "error" not in r]
+    write_labels(out, ok)
+
+    def records(side: str) -> list[dict[str, Any]]:
+        return [{"item": r["item"], "figures": r[side]} for r in ok]
+
+    claims = [c for r in ok for c in r["claims"]]
+    counts = {s: sum(1 for c in claims if c["status"] == s) for s in ("supported", "reattributed", "unsupported")}
+    per_q_unsupported = [(sum(1 for c in r["claims"] if c["status"] == "unsupported"), len(r["claims"]))
+                         for r in ok if r["claims"]]
+    labels = [json.loads(x) for x in (out / "labels.jsonl").read_text().splitlines()]
+    labelled = [x for x in labels if x["reader_keeps"] is not None]
+    kept_by_reader = sum(1 for x in labelled if x["reader_keeps"])
+    gold_of = {(r["item"], c["text"]): [p["gold"] for p in c["cited_passages"]] for r in ok for c in r["claims"]}
+    summary = {
+        "sessions": len(rows), "failed": len(rows) - len(ok), "claims": len(claims), "claims_by_status": counts,
+        "citation_precision": {
+            "before": statistics.fmean(r["before"]["citation_precision"] or 0.0 for r in ok) if ok else None,
+            "after": statistics.fmean(r["after"]["citation_precision"] or 0.0 for r in ok) if ok else None,
+            "after_minus_before": paired(records("before"), records("after"), "citation_precision")},
+        "citation_recall": paired(records("before"), records("after"), "citation_recall"),
+        "unsupported_share": {
+            "before": round((counts["reattributed"] + counts["unsupported"]) / len(claims), 4) if claims else None,
+            "after": round(counts["unsupported"] / len(claims), 4) if claims else None,
+            "questions_with_claims": len(per_q_unsupported)},
+        "false_drops": {"labelled": len(labelled), "reader_keeps": kept_by_reader,
+                        "rate": round(kept_by_reader / len(labelled), 4) if labelled else None,
+                        "changed_claims": len(labels),
+                        "changed_citing_gold": sum(1 for x in labels if any(gold_of.get((x["item"], x["text"]), [])))},
+        "seconds": round(sum(r.get("seconds", 0) for r in rows), 1),
+    }
+    d = [r["after"]["citation_precision"] - r["before"]["citation_precision"] for r in ok
+         if r["after"]["citation_precision"] is not None and r["before"]["citation_precision"] is not None]
+    summary["citation_precision"]["sign_flip_p"] = round(sign_flip_p(d), 4) if d else None
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    return summary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "citations")
+    ap.add_argument("--limit", type=int, default=0, help="only the first N questions (0: all 32)")
+    ap.add_argument("--report-only", action="store_true")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    if not a.report_only:
+        asyncio.run(run_sessions(a.out, a.limit))
+    print(json.dumps(report(a.out), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
