@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from agent.parse import Citation, extract_answer, find_citations, strip_think
+from agent.support import SUPPORT_MIN, overlap, support_matrix
 from learning.errors import JudgeError
 from learning.judge.types import CitationCheck, JsonJudge, Usage
 from learning.prompts import messages
@@ -92,6 +93,26 @@ def checkable_claims(trajectory: Trajectory, limit: int = MAX_SUPPORT_CLAIMS) ->
     return out
 
 
+def automatic_facts(claims: Sequence[Citation], trajectory: Trajectory) -> list[str]:
+    """Per claim, what the reports' support check (agent/support.py) found for its cited passages, as one line for
+    the judge: the same facts the offline judge and the report use. Without the embedding model, says so."""
+    from store.embeddings import embed_texts
+
+    snippets = trajectory.snippets
+    out = []
+    for c in claims:
+        try:
+            row = support_matrix([c.claim], [snippets[i] for i in c.ids], embed_texts)[0]
+        except Exception as exc:  # noqa: BLE001 - the judge decides without it
+            out.append(f"not available ({type(exc).__name__})")
+            continue
+        words = [f"{i}: support {s:.2f} (word overlap {overlap(c.claim, snippets[i]):.2f})"
+                 for i, s in zip(c.ids, row, strict=True)]
+        out.append(f"{'; '.join(words)}. The report's check counts a passage as supporting at {SUPPORT_MIN} or above "
+                   "(half MiniLM similarity, half the share of the claim's content words the passage contains).")
+    return out
+
+
 async def support_check(client: JsonJudge, trajectory: Trajectory, *, limit: int = MAX_SUPPORT_CLAIMS) -> SupportResult:
     """Ask the judge, for each cited claim, whether its cited snippets support it (concurrently, bounded).
 
@@ -102,14 +123,15 @@ async def support_check(client: JsonJudge, trajectory: Trajectory, *, limit: int
     claims = checkable_claims(trajectory, limit)
     snippets = trajectory.snippets
     schema = SupportVerdict.model_json_schema()
+    facts = await asyncio.to_thread(automatic_facts, claims, trajectory)
 
-    async def one(c: Citation) -> tuple[ClaimVerdict, Usage]:
+    async def one(c: Citation, fact: str) -> tuple[ClaimVerdict, Usage]:
         evidence = "\n\n".join(
             f'<snippet id="{i}">\n{snippets[i].title}\n{snippets[i].text[:EVIDENCE_CHARS]}\n</snippet>' for i in c.ids
         )
         try:
             call = await client.complete_json(
-                messages("citation_support", claim=c.claim[:CLAIM_CHARS], evidence=evidence),
+                messages("citation_support", claim=c.claim[:CLAIM_CHARS], evidence=evidence, automatic=fact),
                 schema,
                 name="citation_support",
                 validate=SupportVerdict.model_validate,
@@ -120,7 +142,8 @@ async def support_check(client: JsonJudge, trajectory: Trajectory, *, limit: int
         verdict: SupportVerdict = call.data
         return ClaimVerdict(c.claim, c.ids, verdict.supported, verdict.reason), call.usage
 
-    results: Sequence[tuple[ClaimVerdict, Usage]] = await asyncio.gather(*(one(c) for c in claims))
+    results: Sequence[tuple[ClaimVerdict, Usage]] = await asyncio.gather(*(one(c, f) for c, f in zip(claims, facts,
+                                                                                                   strict=True)))
     verdicts = tuple(v for v, _ in results)
     usage = sum((u for _, u in results), Usage())
     checked = [v for v in verdicts if v.supported is not None]

@@ -12,7 +12,7 @@ from functools import partial
 import pytest
 
 from agent.report import build_report, report_fields, stored_report, unverified_report, verify_report
-from agent.support import MAX_CLAIMS, UNSUPPORTED_MARK, check_support, content_words, support_matrix
+from agent.support import MAX_CLAIMS, SUPPORT_MIN, UNSUPPORTED_MARK, check_support, content_words, support_matrix
 from store.embeddings import embed_texts
 from store.records import PromptRecord, SessionRecord, Snippet, ToolCallRecord, Trajectory, Turn
 
@@ -51,7 +51,7 @@ def test_a_claim_and_its_true_passage_are_kept() -> None:
     traj, report = _verified('<cite id="p1-0">Delhi has a hot semi-arid climate with long, very hot summers</cite>.')
     assert report.support is not None and report.support.verified
     (claim,) = report.support.claims
-    assert claim.status == "supported" and claim.cited == claim.kept == ("p1-0",) and claim.score >= 0.45
+    assert claim.status == "supported" and claim.cited == claim.kept == ("p1-0",) and claim.score >= SUPPORT_MIN
     assert report.body == "Delhi has a hot semi-arid climate with long, very hot summers [1]."
     assert report.raw_body == "" and [s.id for s in report.references] == ["p1-0"]
     assert "checked against their passages: 1 supported._" in report.markdown and UNSUPPORTED_MARK not in report.markdown
@@ -108,7 +108,7 @@ def test_claims_in_lists_and_tables_are_checked_and_no_text_is_lost() -> None:
     answer = ('Findings:\n- <cite id="p2-0">Haymo of Faversham was a Franciscan friar</cite>\n'
               '- <cite id="p2-0">Delhi summers are long and very hot</cite>\n\n'
               '| City | Climate |\n|---|---|\n| Delhi | <cite id="p3-0">hot semi-arid</cite> |\n'
-              'Claim without a sentence end <cite id="p1-0">the monsoon arrives in June</cite>')
+              'In Delhi <cite id="p1-0">the monsoon arrives at the end of June</cite>')  # no sentence end
     traj, report = _verified(answer)
     assert report.support is not None
     statuses = [c.status for c in report.support.claims]

@@ -61,3 +61,8 @@ def test_support_check_counts_verdicts_and_failures(openai_standin: OpenAIStandI
     assert len(openai_standin.chat_requests) == 4
     user = openai_standin.chat_requests[0].json["messages"][-1]["content"]
     assert "Latin" in user and "Haymo of Faversham (d. 1244)" in user
+    # the same facts the report's support check uses (issue 48): "Latin" is one of the passage's words
+    assert "## Automatic check" in user and "abcd0001-0: support" in user and "(word overlap 1.00)" in user
+    pope = [r.json["messages"][-1]["content"] for r in openai_standin.chat_requests if "a pope" in
+            r.json["messages"][-1]["content"]][0]
+    assert "(word overlap 0.00)" in pope
