@@ -54,7 +54,8 @@ def test_a_claim_and_its_true_passage_are_kept() -> None:
     assert claim.status == "supported" and claim.cited == claim.kept == ("p1-0",) and claim.score >= SUPPORT_MIN
     assert report.body == "Delhi has a hot semi-arid climate with long, very hot summers [1]."
     assert report.raw_body == "" and [s.id for s in report.references] == ["p1-0"]
-    assert "checked against their passages: 1 supported._" in report.markdown and UNSUPPORTED_MARK not in report.markdown
+    assert "checked against their passages: 1 supported._" in report.markdown
+    assert UNSUPPORTED_MARK not in report.markdown
 
 
 def test_a_swapped_citation_is_re_attributed_to_the_passage_that_supports_it() -> None:

@@ -127,7 +127,8 @@ def scored(row: dict[str, Any], items: dict[str, Any]) -> dict[str, Any]:
     for c in checked.support.claims if checked.support else ():
         cited_score = float(support_matrix([c.text], [snippets[i] for i in c.cited], embed_texts).max())
         claims.append({**c.as_dict(), "cited_score": round(cited_score, 3), "cited_passages": [
-            {"id": i, "title": snippets[i].title, "text": snippets[i].text, "gold": snippets[i].title.casefold() in gold}
+            {"id": i, "title": snippets[i].title, "text": snippets[i].text,
+             "gold": snippets[i].title.casefold() in gold}
             for i in c.cited], "kept_titles": [snippets[i].title for i in c.kept]})
     return {**row, "before": session_figures(item, traj, raw), "after": session_figures(item, traj, checked),
             "body_after": checked.body, "claims": claims}
