@@ -14,7 +14,7 @@ import numpy as np
 
 from agent import parse
 from agent.followup import typed_question
-from agent.support import UNSUPPORTED_MARK, Embed, SupportCheck, check_support  # Embed: re-exported
+from agent.support import Embed, SupportCheck, check_support, support_sentence  # Embed: re-exported
 from store.records import SessionRecord, Snippet, Trajectory
 
 
@@ -92,18 +92,8 @@ def unverified_report(report: Report, traj: Trajectory, reason: str) -> Report:
 
 
 def _support_line(check: SupportCheck | None) -> list[str]:
-    if check is None or (check.verified and not check.claims):
-        return []
-    if not check.verified:
-        return [f"_Citations not verified ({_one_line(check.note)[:200]}): check each one against its source._", ""]
-    n = check.counts()
-    parts = [f"{n['supported']} supported"]
-    if n["reattributed"]:
-        parts.append(f"{n['reattributed']} re-attributed to a passage that supports them")
-    if n["unsupported"]:
-        parts.append(f"{n['unsupported']} unsupported (marked {UNSUPPORTED_MARK}, citation removed)")
-    more = f"; {check.unchecked} more not checked" if check.unchecked else ""
-    return [f"_Citations checked against their passages: {', '.join(parts)}{more}._", ""]
+    sentence = support_sentence(check) if check is not None else None
+    return [f"_{sentence}_", ""] if sentence else []
 
 
 def _markdown(traj: Trajectory, body: str, refs: tuple[Snippet, ...], attributed: bool,

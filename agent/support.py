@@ -45,10 +45,11 @@ UNSUPPORTED_MARK = "*(unsupported)*"
 MAX_CLAIMS = 200  # a very long answer: the first 200 cited claims are checked, the rest kept as written and counted
 
 Status = Literal["supported", "reattributed", "unsupported"]
+STATUS_WORDS: dict[str, str] = {"supported": "supported", "reattributed": "re-attributed", "unsupported": "unsupported"}
+"""How each status reads to a person (the chat, the exports)."""
 
 _MARKS = re.compile(r"(?:\s*\[\d+\])+")
 _MARK = re.compile(r"\[(\d+)\]")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
 _WORDS = re.compile(r"[0-9a-z\u00c0-\uffff]+")
 _STOP = frozenset("""
 the and for are was were has have had not but with from this that these those which who whom whose what when where
@@ -92,6 +93,11 @@ class SupportCheck:
     note: str = ""
     unchecked: int = 0  # cited claims past MAX_CLAIMS, kept as written
 
+    @property
+    def shown(self) -> bool:
+        """Whether there is anything to tell a reader: claims were checked, or the check could not run."""
+        return bool(self.claims) or not self.verified
+
     def counts(self) -> dict[str, int]:
         out = {"supported": 0, "reattributed": 0, "unsupported": 0}
         for c in self.claims:
@@ -115,6 +121,23 @@ def support_summary(check: SupportCheck) -> str:
     n = check.counts()
     more = f", {check.unchecked} not checked" if check.unchecked else ""
     return f"{n['supported']} supported, {n['reattributed']} re-attributed, {n['unsupported']} unsupported{more}"
+
+
+def support_sentence(check: SupportCheck) -> str | None:
+    """The check in one sentence for the report and the chat ("Citations checked against their passages: 3
+    supported, 1 re-attributed …"), or why it is unverified; None when there is nothing to tell."""
+    if not check.shown:
+        return None
+    if not check.verified:
+        return f"Citations not verified ({' '.join(check.note.split())[:200]}): check each one against its source."
+    n = check.counts()
+    parts = [f"{n['supported']} supported"]
+    if n["reattributed"]:
+        parts.append(f"{n['reattributed']} re-attributed to a passage that supports them")
+    if n["unsupported"]:
+        parts.append(f"{n['unsupported']} unsupported (marked {UNSUPPORTED_MARK}, citation removed)")
+    more = f"; {check.unchecked} more not checked" if check.unchecked else ""
+    return f"Citations checked against their passages: {', '.join(parts)}{more}."
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,21 +164,32 @@ def content_words(text: str) -> set[str]:
     return out
 
 
+def _overlap(words: set[str], passage_words: set[str]) -> float:
+    return len(words & passage_words) / len(words) if words else 0.0
+
+
 def overlap(claim: str, passage: Snippet) -> float:
     """The share of the claim's content words found in the passage's title or text (0 for a claim without any)."""
-    words = content_words(claim)
-    if not words:
-        return 0.0
-    return len(words & content_words(f"{passage.title} {passage.text}")) / len(words)
+    return _overlap(content_words(claim), content_words(f"{passage.title} {passage.text}"))
+
+
+def support_parts(claims: Sequence[str], passages: Sequence[Snippet], embed: Embed) -> tuple[np.ndarray, np.ndarray]:
+    """The two halves of the support of every (claim, passage) pair, each shape (claims, passages): the cosine
+    (clipped at 0) and the word overlap. One `embed` call; each text is tokenised once."""
+    shape = (len(claims), len(passages))
+    if not claims or not passages:
+        return np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)
+    vectors = np.asarray(embed([*claims, *(f"{p.title}. {p.text}" for p in passages)]), dtype=np.float32)
+    cos = np.clip(vectors[: len(claims)] @ vectors[len(claims):].T, 0.0, 1.0)
+    passage_words = [content_words(f"{p.title} {p.text}") for p in passages]
+    lex = np.array([[_overlap(content_words(c), pw) for pw in passage_words] for c in claims],
+                   dtype=np.float32).reshape(shape)
+    return cos, lex
 
 
 def support_matrix(claims: Sequence[str], passages: Sequence[Snippet], embed: Embed) -> np.ndarray:
     """Support of every (claim, passage) pair, shape (claims, passages) (see the module docstring)."""
-    if not claims or not passages:
-        return np.zeros((len(claims), len(passages)), dtype=np.float32)
-    vectors = np.asarray(embed([*claims, *(f"{p.title}. {p.text}" for p in passages)]), dtype=np.float32)
-    cos = np.clip(vectors[: len(claims)] @ vectors[len(claims):].T, 0.0, 1.0)
-    lex = np.array([[overlap(c, p) for p in passages] for c in claims], dtype=np.float32).reshape(cos.shape)
+    cos, lex = support_parts(claims, passages, embed)
     return COSINE_WEIGHT * cos + (1.0 - COSINE_WEIGHT) * lex
 
 
@@ -258,17 +292,18 @@ def check_support(body: str, references: Sequence[Snippet], retrieved: Sequence[
     for piece in pieces:  # a number no reference has is dropped (its marker removed below, never shown)
         piece.numbers = tuple(n for n in piece.numbers if 1 <= n <= len(references))
     # a marker on no words (". [1]") claims nothing: it is kept as written, not checked
-    claims = [p for p in pieces if p.numbers and re.search(r"[^\W\d_]{2}", claim_text(p.text))]
+    texts = {id(p): claim_text(p.text) for p in pieces if p.numbers}
+    claims = [p for p in pieces if p.numbers and re.search(r"[^\W\d_]{2}", texts[id(p)])]
     checked, unchecked = claims[:MAX_CLAIMS], max(0, len(claims) - MAX_CLAIMS)
     passages = list({s.id: s for s in [*references, *retrieved]}.values())
-    matrix = support_matrix([claim_text(p.text) for p in checked], passages, embed)
+    matrix = support_matrix([texts[id(p)] for p in checked], passages, embed)
     results: dict[int, ClaimSupport] = {}
     for row, piece in zip(matrix, checked, strict=True):
         cited = tuple(dict.fromkeys(references[n - 1].id for n in piece.numbers))
         scores = {p.id: float(s) for p, s in zip(passages, row, strict=True)}
         kept, score, status = decide(cited, scores, min_support)
-        results[id(piece)] = ClaimSupport(claim_text(piece.text), cited, kept, round(score, 3), status)
-    order: list[str] = []
+        results[id(piece)] = ClaimSupport(texts[id(piece)], cited, kept, round(score, 3), status)
+
     def ids_of(piece: _Piece) -> tuple[str, ...]:  # unchecked claims keep what they cited
         found = results.get(id(piece))
         return found.kept if found else tuple(dict.fromkeys(references[n - 1].id for n in piece.numbers))

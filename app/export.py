@@ -22,7 +22,7 @@ from markdown_it.utils import EnvType, OptionsDict
 
 from agent.followup import typed_question
 from agent.report import MAX_UNCITED_SOURCES, stored_report
-from agent.support import SupportCheck
+from agent.support import STATUS_WORDS, SupportCheck
 from store.records import SessionRecord, Snippet
 
 __all__ = [
@@ -154,18 +154,17 @@ def references_heading(doc: ExportDoc) -> str:
 
 
 SUPPORT_HEADING = "Citation check"
-_STATUS_WORDS = {"supported": "supported", "reattributed": "re-attributed", "unsupported": "unsupported"}
 
 
 def support_lines(doc: ExportDoc) -> list[str]:
     """One plain line per checked claim ("supported (0.82): the sentence"), or the reason it was not verified;
     empty when there is nothing to show. The sentences are the model's text: renderers escape them."""
     c = doc.support
-    if c is None or (c.verified and not c.claims):
+    if c is None or not c.shown:
         return []
     if not c.verified:
         return [f"Not verified: {c.note}."]
-    return [f"{_STATUS_WORDS[x.status]} ({x.score:.2f}): {_one_line(_clip(x.text))}" for x in c.claims]
+    return [f"{STATUS_WORDS[x.status]} ({x.score:.2f}): {_one_line(_clip(x.text))}" for x in c.claims]
 
 
 def to_markdown(doc: ExportDoc) -> str:

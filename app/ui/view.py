@@ -16,6 +16,7 @@ from typing import Literal
 from agent import parse
 from agent.accounting import SessionUsage, format_cost, unpriced_models, usage_rows
 from agent.report import Report, stored_report
+from agent.support import STATUS_WORDS, support_sentence
 from app import events as ev
 from app.export import answer_html, web_url
 from learning.judge.offline import plan_checklist
@@ -305,16 +306,9 @@ def one_line_html(fragment: str) -> str:
 
 
 def support_caption(report: Report) -> str | None:
-    """The support check in one line under the answer, or None when there was nothing to check."""
-    c = report.support
-    if c is None or (c.verified and not c.claims):
-        return None
-    if not c.verified:
-        return f"Citations not verified ({c.note}): check each one against its source."
-    n = c.counts()
-    return (f"Citations checked against their passages: {n['supported']} supported, {n['reattributed']} "
-            f"re-attributed to a passage that supports them, {n['unsupported']} unsupported (marked, citation "
-            "removed).")
+    """The support check in one line under the answer (the report's own sentence), or None when there was nothing
+    to check."""
+    return support_sentence(report.support) if report.support is not None else None
 
 
 def support_rows(report: Report) -> list[dict[str, object]]:
@@ -323,8 +317,7 @@ def support_rows(report: Report) -> list[dict[str, object]]:
     if report.support is None:
         return []
     number = {s.id: n for n, s in enumerate(report.references, 1)}
-    word = {"supported": "supported", "reattributed": "re-attributed", "unsupported": "unsupported"}
-    return [{"sentence": c.text, "citation": word[c.status], "support": round(c.score, 2),
+    return [{"sentence": c.text, "citation": STATUS_WORDS[c.status], "support": round(c.score, 2),
              "cites": " ".join(f"[{number[i]}]" for i in c.kept if i in number)} for c in report.support.claims]
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from agent.parse import Citation, extract_answer, find_citations, strip_think
-from agent.support import SUPPORT_MIN, overlap, support_matrix
+from agent.support import COSINE_WEIGHT, SUPPORT_MIN, support_parts
 from learning.errors import JudgeError
 from learning.judge.types import CitationCheck, JsonJudge, Usage
 from learning.prompts import messages
@@ -99,15 +99,16 @@ def automatic_facts(claims: Sequence[Citation], trajectory: Trajectory) -> list[
     from store.embeddings import embed_texts
 
     snippets = trajectory.snippets
+    passages = list(dict.fromkeys(i for c in claims for i in c.ids))
+    try:  # one embedding call for every claim and passage
+        cos, lex = support_parts([c.claim for c in claims], [snippets[i] for i in passages], embed_texts)
+    except Exception as exc:  # noqa: BLE001 - the judge decides without it
+        return [f"not available ({type(exc).__name__})"] * len(claims)
+    support = COSINE_WEIGHT * cos + (1.0 - COSINE_WEIGHT) * lex
+    col = {i: k for k, i in enumerate(passages)}
     out = []
-    for c in claims:
-        try:
-            row = support_matrix([c.claim], [snippets[i] for i in c.ids], embed_texts)[0]
-        except Exception as exc:  # noqa: BLE001 - the judge decides without it
-            out.append(f"not available ({type(exc).__name__})")
-            continue
-        words = [f"{i}: support {s:.2f} (word overlap {overlap(c.claim, snippets[i]):.2f})"
-                 for i, s in zip(c.ids, row, strict=True)]
+    for row, c in enumerate(claims):
+        words = [f"{i}: support {support[row, col[i]]:.2f} (word overlap {lex[row, col[i]]:.2f})" for i in c.ids]
         out.append(f"{'; '.join(words)}. The report's check counts a passage as supporting at {SUPPORT_MIN} or above "
                    "(half MiniLM similarity, half the share of the claim's content words the passage contains).")
     return out

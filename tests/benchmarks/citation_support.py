@@ -52,12 +52,6 @@ from store.records import PromptRecord, Snippet, ToolCallRecord, Trajectory  # n
 CAPS = StageTokenCaps(plan=352, research=128, review=224, answer=160)  # the learning curve's (docs/learning_curve)
 
 
-def _seed(item_id: str, sample: int) -> int:
-    import zlib
-
-    return zlib.crc32(f"{item_id}#{sample}".encode()) % (2**31 - 1)  # the learning curve's sampling seed
-
-
 def _settings(data: Path) -> Any:
     from app.settings import Settings
 
@@ -74,6 +68,7 @@ def _settings(data: Path) -> Any:
 
 async def run_sessions(out: Path, limit: int, samples: int) -> None:
     from app.container import build
+    from learning_curve import sampling_seed  # the curve's seeds, so its sessions and these are the same draws
 
     items = [i for i in load_heldout() if i.gold_titles][: limit or None]
     path = out / "sessions.jsonl"
@@ -87,8 +82,9 @@ async def run_sessions(out: Path, limit: int, samples: int) -> None:
     try:
         for n, (item, sample) in enumerate(todo, 1):
             began = time.perf_counter()
-            opts = RunOptions(format=item.format, max_tool_calls=2, temperature=0.8, seed=_seed(item.id, sample),
-                              wall_clock_s=3600, token_caps=CAPS, inject_bank=False)
+            opts = RunOptions(format=item.format, max_tool_calls=2, temperature=0.8,
+                              seed=sampling_seed(item.id, sample), wall_clock_s=3600, token_caps=CAPS,
+                              inject_bank=False)
             try:
                 result = await services.research.run(item.question, opts, source="eval")
             except Exception as exc:  # noqa: BLE001 - recorded, the question counts with no report
