@@ -17,7 +17,7 @@ import numpy as np
 
 from agent.parse import strip_process_blocks, strip_tags
 from agent.report import build_report
-from agent.support import check_support
+from agent.support import check_support, content_words
 from learning.errors import JudgeUnavailable
 from learning.judge.aggregate import stage_score
 from learning.judge.buffer import RubricBuffer, load_buffer, normalise_title, save_unless_deleted
@@ -34,7 +34,7 @@ from learning.judge.types import (
 from store.records import STAGES, Stage, Trajectory, sha256_text
 
 OFFLINE_MODEL = "offline-minilm"
-OFFLINE_VERSION = "offline-2"  # recorded as the prompt_version: bump when a formula or threshold below changes
+OFFLINE_VERSION = "offline-3"  # recorded as the prompt_version: bump when a formula or threshold below changes
 
 # Cosine similarity (L2-normalised MiniLM vectors) between a rubric and its best-matching answer sentence → 0/1/2.
 # Measured with all-MiniLM-L6-v2: a sentence stating what a checklist item asks scores ~0.6-0.9, the same topic
@@ -47,6 +47,13 @@ SIM_PARTIAL = 0.35
 # retrieved but unrelated passage scores as a wrong one. `CitationCheck.precision` keeps the id-validity share.
 COVERAGE_WEIGHT = 0.7
 CITATION_WEIGHT = 0.3
+# A sentence that only restates covers nothing: it must carry a content word (agent/support.content_words) that
+# the question does not have, and, against a rubric the policy wrote itself (its checklist, or the question as the
+# fallback rubric), one the rubric does not have either. Why: measured in the gate test on 2026-11-29, the base model
+# answered 'to the question "Who was Haymo of Faversham?"', matched the question-as-rubric at cosine > 0.55 and got
+# Answer 0.7, above the SFT adapter's real answer; echoing the own checklist was the reward hack of the learning
+# curve (README). A gold rubric (persistent) may contain the answer, so restating it does count.
+SELF_WRITTEN_SOURCES = frozenset({"agent_checklist", "question"})
 SEARCH_TARGET = 3  # research volume saturates at 3 tool calls (DR Tulu's search reward: min(#queries / 3, 1))
 MAX_SENTENCES = 200
 MAX_CHECKLIST_ITEMS = 12
@@ -198,7 +205,7 @@ class OfflineJudge:
             return []
         buffer = (await self._buffer(question, persistent, deletions_seen)).with_persistent(session_rubrics)
         chosen = self._answer_rubrics(question, trajectories, buffer)
-        similarities = await self._similarities(chosen.rubrics, trajectories)
+        similarities = await self._similarities(chosen, trajectories, question)
         support = await self._support(trajectories)
         return [
             self._judge_one(t, chosen, sims, buffer.version, sup)
@@ -255,13 +262,17 @@ class OfflineJudge:
         return _AnswerRubrics((only,), "question")
 
     async def _similarities(
-        self, rubrics: Sequence[Rubric], trajectories: Sequence[Trajectory]
+        self, chosen: _AnswerRubrics, trajectories: Sequence[Trajectory], question: str
     ) -> list[list[tuple[float, str]]]:
-        """Per trajectory, per rubric: (best cosine similarity, best sentence); (0.0, "") for an empty answer."""
+        """Per trajectory, per rubric: (best cosine similarity, best sentence) over the sentences that say more than
+        the rubric (`adds_to`); (0.0, "") for an empty answer or one that only restates."""
         from store.embeddings import EmbeddingModelError, embed_texts  # lazy: loads sentence-transformers
 
+        rubrics = chosen.rubrics
         sentences = [answer_sentences(t) for t in trajectories]
         rubric_texts = [f"{r.title}: {r.description}" if r.description else r.title for r in rubrics]
+        self_written = chosen.source in SELF_WRITTEN_SOURCES
+        known = [content_words(question) | (content_words(text) if self_written else set()) for text in rubric_texts]
         texts = rubric_texts + [s for group in sentences for s in group]
         try:
             vectors = await asyncio.to_thread(embed_texts, texts, self.embedding_model)
@@ -277,8 +288,11 @@ class OfflineJudge:
                 continue
             sims = rubric_vecs @ matrix[start : start + len(group)].T  # (R, S): cosine, vectors are normalised
             start += len(group)
+            words = [content_words(s) for s in group]
+            adds = np.array([[bool(w - k) for w in words] for k in known], dtype=bool).reshape(sims.shape)
+            sims = np.where(adds, sims, -np.inf)
             best = sims.argmax(axis=1)
-            out.append([(float(sims[i, j]), group[j]) for i, j in enumerate(best)])
+            out.append([(float(sims[i, j]), group[j]) if adds[i, j] else (0.0, "") for i, j in enumerate(best)])
         return out
 
     def _judge_one(
@@ -305,11 +319,12 @@ class OfflineJudge:
                 else StageResult(stage=stage, score=0.0, error=ABSENT_NOTE)
             )
 
+        unmatched = " (only restates the question or the rubric)" if answer_sentences(trajectory) else " (no answer)"
         scored = [
             RubricScore(
                 rubric_id=r.id,
                 score=similarity_score(sim),
-                justification=f"max cosine {sim:.2f}" + (f" with: {sentence[:200]!r}" if sentence else " (no answer)"),
+                justification=f"max cosine {sim:.2f}" + (f" with: {sentence[:200]!r}" if sentence else unmatched),
             )
             for r, (sim, sentence) in zip(chosen.rubrics, sims, strict=True)
         ]

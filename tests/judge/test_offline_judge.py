@@ -72,6 +72,30 @@ def test_citation_precision_counts_only_citations_whose_passage_supports_the_sen
     assert js.stage_scores()["answer"] == pytest.approx(0.7 * cov)
 
 
+@pytest.mark.slow
+def test_an_answer_that_only_restates_the_question_or_its_own_checklist_covers_nothing() -> None:
+    """offline-3: the gate's base model once answered by repeating the question and scored Answer 0.7 on the
+    question-as-rubric; echoing its own checklist was the learning curve's reward hack. Either covers nothing now,
+    while the real answer still covers, and a restated gold (persistent) rubric still counts."""
+    real = trajectory("real")
+    echo_question = trajectory("echo-q", answer=f'To the question "{QUESTION}"')
+    echo_checklist = trajectory("echo-c", answer="The language books were translated into. The period Haymo lived in.")
+    judge = OfflineJudge()
+    jr, jq, jc = asyncio.run(judge.judge_group(QUESTION, [real, echo_question, echo_checklist]))
+    assert jr.scaffold["offline"]["answer"]["coverage"] > 0
+    for j in (jq, jc):
+        assert j.scaffold["offline"]["answer"]["coverage"] == 0.0, j.stages["answer"].rubric_scores
+    assert all("only restates" in rs.justification for rs in jq.stages["answer"].rubric_scores)
+    no_plan = trajectory("no-plan", plan=None, answer=f'To the question "{QUESTION}"')
+    alone = asyncio.run(judge.judge_group(QUESTION, [no_plan]))[0]
+    assert alone.scaffold["offline"]["answer"]["rubric_source"] == "question"
+    assert alone.stage_scores()["answer"] == 0.0
+    gold = [Rubric(id="gt-1", stage="answer", title="Says the books were translated into Latin", description="",
+                   weight=1)]
+    said = trajectory("said", answer="The books were translated into Latin.")
+    assert asyncio.run(judge.judge_group(QUESTION, [said], gold))[0].scaffold["offline"]["answer"]["coverage"] == 1.0
+
+
 def test_missing_embedding_model_raises_unavailable() -> None:
     judge = OfflineJudge(embedding_model="/nonexistent/embedding-model")
     with pytest.raises(JudgeUnavailable):
