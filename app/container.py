@@ -137,7 +137,8 @@ def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, 
     cache = model_dir.parent if os.access(model_dir.parent, os.W_OK) else settings.store.model_cache
     return EmbeddedLlamaCppClient(model_dir, gguf, adapter_path=adapter, version=version,
                                   lora_cache=cache / "gguf-lora", threads=cfg.embedded_threads or None,
-                                  cpu_variant=cfg.embedded_cpu_variant, merge_adapter=cfg.embedded_merge_adapter)
+                                  cpu_variant=cfg.embedded_cpu_variant, merge_adapter=cfg.embedded_merge_adapter,
+                                  base_q8=cfg.embedded_base_q8)
 
 
 def base_adapter(settings: Settings) -> Path | None:

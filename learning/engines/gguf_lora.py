@@ -20,8 +20,9 @@ match the base GGUF (another model, another width, a layer the base does not hav
 per-module rank or alpha patterns (one scale per file is all llama.cpp takes). rsLoRA's scale alpha/sqrt(rank) is
 kept by writing alpha·sqrt(rank) as the file's alpha.
 
-`write_dense_gguf` writes the base model itself de-quantized (bf16 or f16), for measuring how much of the sampler's
-gap to the trainer is the 4-bit weights and how much the kernels.
+`write_q8_gguf` / `cached_q8_base` write the base with every 4-bit weight as Q8_0, which llama.cpp's tiled prompt
+kernels take (the engine's `base_q8`, issue 47). `write_dense_gguf` writes the base model itself de-quantized (bf16 or
+f16), for measuring how much of the sampler's gap to the trainer is the 4-bit weights and how much the kernels.
 
 The cache (`cached_lora`, issue 46): llama.cpp trusts whatever GGUF it is given, so a cached conversion is served
 only from a folder no other user can write (nor any folder above it, unless sticky like /tmp), created private, and
@@ -41,15 +42,17 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from learning.engines.client import AdapterLoadError
+from learning.engines.threads import file_lock
 
 log = logging.getLogger(__name__)
 
 LORA_CONVERSION_FORMAT = 1  # bump to re-convert cached adapters
+Q8_BASE_FORMAT = 1  # bump to re-convert cached Q8_0 bases
 DIGEST_SUFFIX = ".sha256"  # lora-<key>.gguf.sha256: the SHA-256 of lora-<key>.gguf, recorded as it is written
 _PROJECTIONS = {
     "self_attn.q_proj": "attn_q",
@@ -205,25 +208,38 @@ def write_merged_gguf(adapter_dir: Path, base_gguf: Path, out_path: Path) -> Pat
     Raises:
         GGUFConversionError: as `convert_lora`.
     """
-    import gguf
-    import numpy as np
-
     adapter_dir, out_path = Path(adapter_dir), Path(out_path)
     alpha, pairs = _adapter_pairs(adapter_dir, _base_info(base_gguf))
     rank = int(next(iter(pairs.values()))[0].shape[0])
     scale = alpha / rank  # llama.cpp's, and PEFT's, scale (rsLoRA's alpha was already rewritten to keep it)
+    return _write_q8(base_gguf, out_path, {name: scale * (b @ a) for name, (a, b) in pairs.items()}, every=False)
+
+
+def write_q8_gguf(base_gguf: Path, out_path: Path) -> Path:
+    """Write `base_gguf` with every 4/5-bit weight de-quantized and rounded to Q8_0 (atomically): the same values
+    within a Q8_0 step, in the format llama.cpp's tiled prompt kernels take (`cached_q8_base`)."""
+    return _write_q8(Path(base_gguf), Path(out_path), {}, every=True)
+
+
+def _write_q8(base_gguf: Path, out_path: Path, deltas: dict[str, Any], *, every: bool) -> Path:
+    """`base_gguf` with each weight named in `deltas` (and, with `every`, each weight of another quantized type than
+    Q8_0) written as Q8_0 of its de-quantized value plus its delta; F32 tensors and the rest are copied as they are."""
+    import gguf
+    import numpy as np
+
     reader = gguf.GGUFReader(str(base_gguf))
-    q8 = gguf.GGMLQuantizationType.Q8_0
+    types = gguf.GGMLQuantizationType
+    q8, kept = types.Q8_0, (types.F32, types.F16, types.BF16, types.Q8_0)
     with _gguf_written(out_path, "llama") as writer:
-        _copy_fields(reader, writer)
+        _copy_fields(reader, writer, file_type=gguf.LlamaFileType.MOSTLY_Q8_0 if every else None)
         for t in reader.tensors:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            if t.name in pairs:
-                a, b = pairs[t.name]
+            if t.name in deltas or (every and t.tensor_type not in kept):
                 dense = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
-                dense += scale * (b @ a)
+                if t.name in deltas:
+                    dense += deltas[t.name]
                 writer.add_tensor(t.name, gguf.quants.quantize(dense, q8), raw_dtype=q8)
-            elif t.tensor_type == gguf.GGMLQuantizationType.F32:
+            elif t.tensor_type == types.F32:
                 writer.add_tensor(t.name, np.asarray(t.data, dtype=np.float32).reshape(shape))
             else:
                 writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)  # bytes, as read
@@ -270,21 +286,51 @@ def cached_merged(adapter_dir: Path, base_gguf: Path, cache_dir: Path) -> Path:
     return _cached(adapter_dir, base_gguf, cache_dir, "merged")
 
 
+def cached_q8_base(base_gguf: Path, cache_dir: Path) -> Path:
+    """`base_gguf` as Q8_0 (`write_q8_gguf`), converted once into `cache_dir` (about 6 s of CPU, 145 MB) and reused
+    under the same ownership and digest checks as `cached_lora`; the key is the base file's name, size and the format.
+
+    Raises:
+        GGUFConversionError: the base does not convert, or `cache_dir` can be written by other users.
+    """
+    base_gguf = Path(base_gguf)
+    key = hashlib.sha256(f"{Q8_BASE_FORMAT}:{base_gguf.name}:{base_gguf.stat().st_size}".encode()).hexdigest()[:24]
+    target = private_folder(Path(cache_dir)) / f"base-q8_0-{key}.gguf"
+
+    def write(path: Path) -> None:
+        try:
+            write_q8_gguf(base_gguf, path)
+        except (OSError, ValueError) as exc:
+            raise GGUFConversionError(f"could not write a Q8_0 copy of {base_gguf}: {exc}") from exc
+
+    return _cached_file(target, write)
+
+
 def _cached(adapter_dir: Path, base_gguf: Path, cache_dir: Path, kind: str) -> Path:
     adapter_dir = Path(adapter_dir)
     try:
         digest = adapter_digest(adapter_dir, base_gguf)
     except OSError as exc:
         raise GGUFConversionError(f"unreadable adapter in {adapter_dir}: {exc}") from exc
-    cache_dir = private_folder(Path(cache_dir))
-    target = cache_dir / f"{kind}-{digest}.gguf"
+    target = private_folder(Path(cache_dir)) / f"{kind}-{digest}.gguf"
+    convert = convert_lora if kind == "lora" else write_merged_gguf
+    return _cached_file(target, lambda path: convert(adapter_dir, base_gguf, path))
+
+
+def _cached_file(target: Path, write: Callable[[Path], object]) -> Path:
+    """`target` when it matches the digest recorded beside it, else written by `write(target)` and recorded. The
+    conversion runs under a lock file beside it, so processes starting together convert once (the others wait, then
+    find it recorded) and none removes a file another has just written but not yet recorded."""
     record = target.with_name(target.name + DIGEST_SUFFIX)
     if _matches_record(target, record):
         return target
-    for stale in (target, record):  # a link is removed, never followed
-        stale.unlink(missing_ok=True)
-    (convert_lora if kind == "lora" else write_merged_gguf)(adapter_dir, base_gguf, target)
-    _write_atomically(record, _sha256(target))
+    with file_lock(target.with_name(f".{target.name}.lock")):
+        if _matches_record(target, record):
+            return target
+        for stale in (target, record):  # a link is removed, never followed
+            stale.unlink(missing_ok=True)
+        write(target)
+        _write_atomically(record, _sha256(target))
     return target
 
 

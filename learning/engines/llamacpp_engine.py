@@ -39,7 +39,7 @@ from agent.errors import PolicyUnavailable
 from agent.protocols import Generation
 from learning.engines.client import AdapterLoadError, EmbeddedClient, read_adapter_config
 from learning.engines.cpu_backend import RECORD_FILENAME, CpuBackendError, load_cpu_backend
-from learning.engines.gguf_lora import GGUFConversionError, cached_lora, cached_merged
+from learning.engines.gguf_lora import GGUFConversionError, cached_lora, cached_merged, cached_q8_base
 from learning.engines.weights import ModelConversionError, check_gguf, restore_hint
 from learning.engines.sampling import Row, continuation_logprobs, sample
 from learning.engines.threads import (
@@ -252,7 +252,13 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
         merge_adapter: serve an adapter merged into a Q8_0 copy of the model (`gguf_lora.write_merged_gguf`, cached
             like the GGUF LoRA) instead of applied at run time: prompts prefill 1.6-1.9x faster (docs/speed.md), at the
             cost of a few seconds' conversion per new adapter and a swap that loads a model (about 0.3 s, against
-            0.04 s for a GGUF LoRA). The base weights are served from the bundled GGUF either way.
+            0.04 s for a GGUF LoRA). The base weights are served from `gguf` (or its Q8_0 copy) either way.
+        base_q8: serve a Q8_0 copy of `gguf` (`gguf_lora.cached_q8_base`, converted once into `lora_cache`, about
+            6 s and 145 MB) instead of the file itself. Why: llama.cpp's tiled prompt kernels take Q8_0 but not the
+            bundled Q4_1, so a prompt prefills 1.7-1.9x faster, with the adapter as GGUF LoRA or without; a one-token
+            step reads twice the bytes, which costs the base alone about a fifth of its decode rate and costs nothing
+            measurable with the adapter applied (docs/speed.md). The values are the Q4_1 ones within a Q8_0 step. A
+            copy that cannot be written is logged, and the file itself is served.
         threads, batch_threads: llama.cpp threads for one-token steps and for prompts. None: measured on this machine
             at the first start (`learning.engines.threads`: each count timed round-robin, the fastest kept, a larger
             count only when it is more than 3 % faster) and cached in `tokenizer_dir/../threads.json` (beside the torch
@@ -278,6 +284,7 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
         reuse_prefix: bool = True,
         cpu_variant: str | None = None,
         merge_adapter: bool = False,
+        base_q8: bool = False,
     ) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
@@ -285,6 +292,11 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
             self._gguf = check_gguf(Path(gguf))
         except ModelConversionError as exc:
             raise PolicyUnavailable(str(exc)) from exc
+        if base_q8:
+            try:
+                self._gguf = cached_q8_base(self._gguf, Path(lora_cache))
+            except GGUFConversionError as exc:
+                log.warning("serving %s as it is: %s", self._gguf, exc)
         tokenizer_dir = Path(tokenizer_dir)
         self._tokenizer: Any = AutoTokenizer.from_pretrained(str(tokenizer_dir))
         config = AutoConfig.from_pretrained(str(tokenizer_dir))
@@ -312,6 +324,8 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
         self._reuse_prefix = reuse_prefix
         self._cache_ids: list[int] = []  # the token ids whose keys/values are in the engine's cache
         self._last_prompt: tuple[int, ...] = ()
+        self._turn_start = turn_start_id(self._tokenizer)
+        self._anchor_len = 0  # leading cached positions that hold a system message prefilled on its own
         self._adapter_version: str | None = None
         self._adapter_path: Path | None = None
         self._base_version = "base" if adapter_path is not None else version
@@ -469,6 +483,7 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
         self._engine.truncate(0)
         self._cache_ids = []
         self._last_prompt = ()
+        self._anchor_len = 0
 
     @contextlib.contextmanager
     def _holding_model(self) -> Iterator[str]:
@@ -484,15 +499,26 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
             yield self.policy_version
 
     def _prefill(self, prompt: tuple[int, ...]) -> torch.Tensor:
-        """The prompt's last-position logits, reusing the cached prefix when the prompt extends the last one."""
-        start = 0
+        """The prompt's last-position logits, reusing the cached prefix when the prompt extends the last one, or
+        else its system message when the cache holds the same one (`anchor_end`)."""
+        start = anchor = 0
         if (self._reuse_prefix and self._last_prompt and len(prompt) > len(self._last_prompt)
                 and prompt[: len(self._last_prompt)] == self._last_prompt):
             n = min(len(self._cache_ids), len(prompt) - 1)
             start = next((i for i in range(n) if self._cache_ids[i] != prompt[i]), n)
+        elif self._reuse_prefix:
+            anchor = anchor_end(prompt, self._turn_start)
+            if anchor and self._anchor_len == anchor and self._cache_ids[:anchor] == list(prompt[:anchor]):
+                start = anchor
+        if start < self._anchor_len:
+            self._anchor_len = 0
         self._engine.truncate(start)
         self._cache_ids = list(prompt[:start])
         self._last_prompt = prompt
+        if anchor and start == 0:  # the canonical first piece: the system message on its own
+            self._engine.eval(prompt[:anchor])
+            self._cache_ids.extend(prompt[:anchor])
+            start = self._anchor_len = anchor
         logits = self._engine.eval(prompt[start:])
         self._cache_ids.extend(prompt[start:])
         return _tensor(logits[0])
@@ -538,6 +564,35 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
             finally:
                 self._invalidate_cache()  # the cache now holds this text, not the session's
             return continuation_logprobs(_tensor(self._engine.stack(rows)), cont, temperature)
+
+
+def turn_start_id(tokenizer: Any) -> int | None:
+    """The special token that opens every turn of the chat template (ChatML's `<|im_start|>`), or None when the
+    template's first token is not special (then no system message is reused across prompts)."""
+    try:  # rendered and tokenized as `render_prompt` does
+        text = tokenizer.apply_chat_template([{"role": "system", "content": "x"}], tokenize=False)
+        ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    except Exception:  # noqa: BLE001 - no or an odd template: nothing to anchor on
+        return None
+    return ids[0] if ids and ids[0] in set(tokenizer.all_special_ids) else None
+
+
+def anchor_end(prompt: Sequence[int], turn_start: int | None) -> int:
+    """Where a prompt's system message ends: at its second turn-start token; 0 when it has none.
+
+    Why: a new session's prompt shares its system message (about 600 of SmolLM2's 760 first-prompt tokens) with the
+    last session's, but does not extend it, so only the last-prompt rule would prefill it again (2-3 s at 250 tok/s).
+    A prompt that does not extend the last one is always prefilled in two pieces, the system message and the rest,
+    so reusing a cached system message computes exactly what prefilling it would: the same tokens at the same
+    positions in the same batch (llama.cpp's results depend on how a prompt is split into batches), and results stay
+    independent of unrelated earlier requests.
+    """
+    if turn_start is None or not prompt or prompt[0] != turn_start:
+        return 0
+    try:
+        return list(prompt).index(turn_start, 1)
+    except ValueError:
+        return 0
 
 
 def _tensor(logits: Any) -> torch.Tensor:

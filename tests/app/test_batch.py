@@ -46,8 +46,13 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def run_env(env: dict[str, str], smollm2_dir: Path) -> dict[str, str]:
-    """The embedded default, the smallest caps that finish a run (16 is the agent's floor), short snippets."""
+def run_env(env: dict[str, str], smollm2_dir: Path, tmp_path: Path) -> dict[str, str]:
+    """The embedded default, the smallest caps that finish a run (16 is the agent's floor), short snippets, and a
+    data folder holding a few passages of its own (indexing the demo corpus would be much of each run's time)."""
+    from app.settings import Settings
+    from tests.indexes import seed_passages
+
+    seed_passages(Settings(store=StoreConfig(data_dir=tmp_path / "data")))
     return env | {
         "RUBRICEM_AGENT__EMBEDDED_MODEL_PATH": str(smollm2_dir),  # skip a second conversion
         "RUBRICEM_AGENT__DEFAULTS__TOKEN_CAPS__PLAN": "16",

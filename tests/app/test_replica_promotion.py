@@ -28,12 +28,13 @@ from app.settings import Settings
 from store.registry import Registry
 from store.session_log import SessionLog
 from tests.adapters import reshaped_adapter, served_adapters, unload_adapters
-from tests.conftest import VLLM_START_TIMEOUT_S
+from tests.servers import free_port
 from tests.gate import assert_gate_decided
+from tests.indexes import seed_passages
 
 OPTIONS = RunOptions(
     format="short_form", max_tool_calls=1, temperature=0.0, seed=0, wall_clock_s=120,
-    token_caps=StageTokenCaps(plan=32, research=24, review=16, answer=24), context_tokens=8192,
+    token_caps=StageTokenCaps(plan=16, research=16, review=16, answer=16), context_tokens=8192,
 )  # fmt: skip
 
 
@@ -62,7 +63,8 @@ def _replica_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *urls: str, **
     values = {"STORE__DATA_DIR": str(tmp_path / "data"), "AGENT__POLICY_BACKEND": "vllm",
               "AGENT__POLICY_BASE_URLS": json.dumps(list(urls)),
               "AGENT__POLICY_MAX_RETRIES": "1", "AGENT__POLICY_TIMEOUT_S": "120",
-              "LEARNING__RETRAIN__UNLOAD_GRACE_S": "0"}
+              "LEARNING__RETRAIN__UNLOAD_GRACE_S": "0",
+              "AGENT__LOCAL_SEARCH_K": "2", "AGENT__SNIPPET_CHARS": "300"}  # short tool outputs: serving is the subject
     _env(monkeypatch, tmp_path, **(values | more))
     return Settings()
 
@@ -141,6 +143,7 @@ def test_promote_and_rollback_move_live_only_once_every_replica_serves_the_versi
 ) -> None:
     a, b = real_vllm, replica_b
     settings = _replica_env(monkeypatch, tmp_path, a.url, b.url)
+    seed_passages(settings)
     reg = Registry(SessionLog.from_config(settings.store))
     shared = tmp_path / "adapters"  # the adapters volume every replica mounts at the same path
     wide = reg.register(shutil.copytree(SHIPPED_SFT_ADAPTER, shared / "rank16"), parent="base")
@@ -165,16 +168,21 @@ def test_promote_and_rollback_move_live_only_once_every_replica_serves_the_versi
         both = {v1.name: v1.adapter_path, v2.name: v2.adapter_path}
         assert served_adapters(a) == served_adapters(b) == both  # v1 kept for rollback
 
-        # Rollback with a replica down: refused with the replica named; live stays and v1 stays loaded on the other.
-        b.stop()
+        # Rollback with a replica down (a port nothing listens on stands for b while it is down: stopping and
+        # restarting a real replica costs a minute): refused with the replica named; live stays and v1 stays loaded
+        # on the other.
+        down = f"http://127.0.0.1:{free_port()}"
+        _replica_env(monkeypatch, tmp_path, a.url, down)
         capsys.readouterr()
         assert main(["rollback"]) == 1
         err = capsys.readouterr().err
-        assert b.url in err and "cannot reach" in err
+        assert down in err and "cannot reach" in err
         assert reg.live().name == v2.name and served_adapters(a) == both
 
-        # The replica restarts (without its runtime-loaded adapters): the rollback loads v1 there, then live moves.
-        b.start(timeout_s=VLLM_START_TIMEOUT_S)
+        # The replica is back without its runtime-loaded adapters, as after a restart: the rollback loads v1 there,
+        # then live moves.
+        _replica_env(monkeypatch, tmp_path, a.url, b.url)
+        unload_adapters(b)
         assert served_adapters(b) == {}
         assert main(["rollback", "--reason", "bad answers"]) == 0
         assert f"live: {v2.name} -> {v1.name}" in capsys.readouterr().out
@@ -205,7 +213,8 @@ def test_a_cycle_a_replica_fails_is_recorded_with_it_and_a_good_cycle_moves_ever
     probes = tmp_path / "probes.txt"
     probes.write_text("Who was Haymo of Faversham?\n")
     settings = _replica_env(monkeypatch, tmp_path, a.url, b.url, LEARNING__RETRAIN__PROBE_QUESTIONS=str(probes),
-                            LEARNING__RETRAIN__MAX_TOKEN_CAPS="32")
+                            LEARNING__RETRAIN__MAX_TOKEN_CAPS="16")
+    seed_passages(settings)
     assert settings.learning.retrain.tolerance == 0.02
     wide = shutil.copytree(SHIPPED_SFT_ADAPTER, tmp_path / "wide")
     zero = reshaped_adapter(SHIPPED_SFT_ADAPTER, tmp_path / "zero", rank=8)

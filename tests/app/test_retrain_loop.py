@@ -4,6 +4,7 @@ the next question → a broken candidate is rejected → rollback; plus the gate
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from store.config import StoreConfig
 from store.registry import Registry
 from store.session_log import SessionLog
 from tests.gate import assert_gate_decided
+from tests.indexes import seed_passages
 
 SMALL = RunOptions(format="short_form", max_tool_calls=1, temperature=0.7, seed=1, wall_clock_s=600,
                    token_caps=StageTokenCaps(plan=24, research=16, review=16, answer=24), context_tokens=4096)
@@ -31,8 +33,11 @@ def _settings(tmp_path: Path, smollm2_dir: Path, probes: Path) -> Settings:
     retrain = RetrainConfig(steps=1, rollouts=2, batch_questions=1, max_token_caps=16, probe_questions=probes,
                             probe_samples=1, tolerance=1.0,  # why: see the docstring
                             min_new_sessions=2, unload_grace_s=0)
-    return Settings(agent=AgentConfig(embedded_model_path=smollm2_dir, defaults=SMALL),
-                    store=StoreConfig(data_dir=tmp_path / "data"), learning=LearningConfig(retrain=retrain))
+    settings = Settings(agent=AgentConfig(embedded_model_path=smollm2_dir, defaults=SMALL, local_search_k=2,
+                                          snippet_chars=300),  # short tool outputs: the flow is under test
+                        store=StoreConfig(data_dir=tmp_path / "data"), learning=LearningConfig(retrain=retrain))
+    seed_passages(settings)
+    return settings
 
 
 def test_the_gate_promotes_within_tolerance_and_rejects_worse_or_failing_candidates() -> None:
@@ -124,14 +129,25 @@ def test_only_one_cycle_runs_at_a_time_across_processes(tmp_path: Path, backend:
         pytest.fail("the cycle lock of a killed holder was never released")
 
 
+YES = ("Who was Haymo of Faversham?", "What is the Franciscan order?")
+NO = "Where was the PRIVATE-NO-7 abbey built?"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # about 4 minutes on an idle 2-core machine; much longer when the cores are shared
 def test_sessions_retrain_promote_answer_reject_and_rollback(smollm2_dir: Path, tmp_path: Path) -> None:
+    """Also consent: one person consents and one does not; only the consenting person's sessions are judged and
+    trained on (the cycle's data window, its training questions file and its numbers say so)."""
     from app.container import build
+    from store.owner import acting_as
+    from store.users import Users
 
     probes = tmp_path / "probes.txt"
     probes.write_text("Who was Haymo of Faversham?\n")
     settings = _settings(tmp_path, smollm2_dir, probes)
+    log = SessionLog(settings.store.sqlite_path)
+    Users(log).add("yes@example.org", kind="oidc", consent=True)
+    Users(log).add("no@example.org", kind="oidc", consent=False)
 
     async def ask(question: str) -> str:
         services = build(settings)
@@ -141,15 +157,39 @@ def test_sessions_retrain_promote_answer_reject_and_rollback(smollm2_dir: Path, 
         finally:
             await services.policy.aclose()
 
-    for q in ("Who was Haymo of Faversham?", "What is the Franciscan order?"):
-        asyncio.run(ask(q))
+    async def ask_as_people() -> dict[str, str]:
+        services = build(settings)
+        owners = {}
+        try:
+            for who, question, options in [("yes@example.org", q, SMALL) for q in YES] + [
+                    ("no@example.org", NO, SMALL.model_copy(update={"max_tool_calls": 0}))]:
+                with acting_as(who):  # as the chat page does: the session is created for this person
+                    out = await services.research.run(question, options, source="chat")
+                owners[out.session_id] = who
+            return owners
+        finally:
+            await services.policy.aclose()
+
+    owners = asyncio.run(ask_as_people())
+    assert {sid: log.get(sid).owner for sid in owners} == owners  # the owner reached the store through the service
     result = asyncio.run(run_cycle(settings, trigger="cli", force=True))
     assert result.cycle.status == "promoted", result.message
     reg = Registry(SessionLog(settings.store.sqlite_path))
     assert_gate_decided(reg, result.cycle, tolerance=1.0)  # the wide tolerance still decides from recorded scores
     live = reg.live()
     assert live.name == "policy@1" and live.parent == "base" and live.eval_report is not None
-    assert result.cycle.numbers["new_sessions"] == 2 and result.cycle.numbers["judged"] == 2
+    cycle = result.cycle
+    assert cycle.numbers["new_sessions"] == 2 and cycle.numbers["judged"] == 2
+    assert cycle.numbers["skipped_sessions"] == 1  # the refusing person's session
+    window = reg.sessions_in_window(cycle.window_start, cycle.window_end)
+    assert sorted(window) == sorted(s for s, who in owners.items() if who == "yes@example.org")
+    trained_on = [json.loads(line)["question"] for line in
+                  (settings.store.data_dir / "runs" / cycle.cycle_id / "questions.jsonl").read_text().splitlines()]
+    assert trained_on == list(YES)
+    assert live.data_window["sessions"] == 2  # type: ignore[index]
+    for sid, who in owners.items():  # the refusing person's session was never judged either
+        assert bool(log.judgements(sid)) == (who == "yes@example.org")
+    assert not any(owners.get(s) == "no@example.org" for s in log.sessions_without_reflection())
 
     sid = asyncio.run(ask("Who founded the Franciscan order?"))  # the next question is answered by the new version
     rec = SessionLog(settings.store.sqlite_path).get(sid)

@@ -42,8 +42,16 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One data folder for the module's sessions: the demo corpus is indexed by the first `ask` only."""
-    return tmp_path_factory.mktemp("tracing-data")
+    """One data folder for the module's sessions, holding a few passages of its own (not the demo corpus: indexing it
+    and building its BM25 in every `ask` process would be most of this module's time, and retrieval is not its
+    subject)."""
+    from app.settings import Settings
+    from store.config import StoreConfig
+    from tests.indexes import seed_passages
+
+    folder = tmp_path_factory.mktemp("tracing-data")
+    seed_passages(Settings(store=StoreConfig(data_dir=folder)))
+    return folder
 
 
 def cli_env(data_dir: Path, model_dir: Path, **extra: str) -> dict[str, str]:
@@ -56,6 +64,8 @@ def cli_env(data_dir: Path, model_dir: Path, **extra: str) -> dict[str, str]:
         "RUBRICEM_AGENT__DEFAULTS__TOKEN_CAPS__RESEARCH": "24",
         "RUBRICEM_AGENT__DEFAULTS__TOKEN_CAPS__REVIEW": "24",
         "RUBRICEM_AGENT__DEFAULTS__TOKEN_CAPS__ANSWER": "32",
+        "RUBRICEM_AGENT__LOCAL_SEARCH_K": "2",
+        "RUBRICEM_AGENT__SNIPPET_CHARS": "300",
         "HF_HUB_OFFLINE": "1",
         **extra,
     })

@@ -25,6 +25,7 @@ from store.config import StoreConfig
 from store.registry import Registry
 from store.session_log import SessionLog
 from tests.adapters import unload_adapters
+from tests.indexes import seed_passages
 
 pytestmark = pytest.mark.slow
 
@@ -102,9 +103,12 @@ def _settings(server: Any, smollm2_dir: Path, tmp_path: Path, probes: Path) -> S
     retrain = RetrainConfig(steps=1, rollouts=2, batch_questions=1, max_token_caps=16, probe_questions=probes,
                             probe_samples=1, min_new_sessions=2, unload_grace_s=0)
     agent = AgentConfig(policy_backend="vllm", policy_base_url=server.url, policy_model="policy",
-                        embedded_model_path=smollm2_dir, defaults=SMALL, policy_max_retries=1)
-    return Settings(agent=agent, store=StoreConfig(data_dir=tmp_path / "data"),
-                    learning=LearningConfig(retrain=retrain))
+                        embedded_model_path=smollm2_dir, defaults=SMALL, policy_max_retries=1,
+                        local_search_k=2, snippet_chars=300)  # short tool outputs: the flow is under test
+    settings = Settings(agent=agent, store=StoreConfig(data_dir=tmp_path / "data"),
+                        learning=LearningConfig(retrain=retrain))
+    seed_passages(settings)
+    return settings
 
 
 def test_sessions_are_served_judged_trained_promoted_and_rolled_back_on_real_vllm(

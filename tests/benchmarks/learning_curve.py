@@ -806,7 +806,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[CurveOptions, argpars
     opts = PROTOCOL_V2 if a.protocol == "v2" else CurveOptions()
     if a.quick:
         opts = replace(opts, seeds=(0,), steps=2, eval_every=1, samples=1, items=2, rollouts=2, bank_reflections=1,
-                       caps=(96, 48, 64, 96), max_tool_calls=1)
+                       caps=(48, 24, 32, 48), max_tool_calls=1, snippets=2, snippet_chars=200)
     updates: dict[str, Any] = {}
     if a.seeds:
         updates["seeds"] = tuple(int(x) for x in a.seeds.split(",") if x.strip())

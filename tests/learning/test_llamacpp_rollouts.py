@@ -32,11 +32,14 @@ def test_rollouts_from_llamacpp_train_and_the_new_adapter_serves_the_next_step(
     from learning.engines.llamacpp_engine import EmbeddedLlamaCppClient
     from learning.train_config import load_config
     from store.config import StoreConfig
+    from tests.indexes import seed_passages
 
     settings = Settings(store=StoreConfig(data_dir=tmp_path / "data", model_cache=tmp_path / "models"))
     settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={
         "embedded_model_path": smollm2_dir, "embedded_adapter_path": SFT_ADAPTER, "embedded_engine": "llamacpp",
-        "embedded_gguf_path": smollm2_gguf, "embedded_threads": 1})})
+        "embedded_gguf_path": smollm2_gguf, "embedded_threads": 1,
+        "local_search_k": 2, "snippet_chars": 300})})  # short tool outputs: the sampling path is under test
+    seed_passages(settings)
     cfg = load_config(None, None, name="lc", steps=2, batch_questions=1, rollouts=2, max_tool_calls=1,
                       plan_tokens=48, research_tokens=24, review_tokens=24, answer_tokens=32, n_questions=4,
                       curriculum_window=1, lr=5e-5, gradient_checkpointing=False, temperature=0.8,
@@ -76,4 +79,4 @@ def test_rollouts_from_llamacpp_train_and_the_new_adapter_serves_the_next_step(
     # that folder is writable, else under the store's model cache; keyed by the adapter's content)
     served_adapter = parts.policy._adapter_path
     assert served_adapter is not None and served_adapter.resolve() != SFT_ADAPTER.resolve()
-    assert (parts.policy._lora_cache / f"lora-{adapter_digest(served_adapter, smollm2_gguf)}.gguf").is_file()
+    assert (parts.policy._lora_cache / f"lora-{adapter_digest(served_adapter, parts.policy._gguf)}.gguf").is_file()

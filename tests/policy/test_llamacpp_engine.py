@@ -273,6 +273,90 @@ def test_group_rows_equal_single_generations_and_prefix_reuse_equals_a_fresh_pre
     assert _gap(reused.logprobs, fresh.logprobs)[1] < 1e-3
 
 
+def test_a_new_prompt_reuses_the_cached_system_message_and_computes_what_a_fresh_prefill_does(
+        llama: EmbeddedLlamaCppClient, smollm2_dir: Path, smollm2_gguf: Path, ctx: PromptContext,
+        tmp_path: Path) -> None:
+    """A new session's prompt does not extend the last one but starts with the same system message: only the rest is
+    prefilled, and the tokens and log-probs are exactly a fresh client's (the system message is always prefilled as
+    a batch of its own, `anchor_end`). Another system message is prefilled whole."""
+    from learning.engines.llamacpp_engine import anchor_end
+
+    other = _run(llama.render_prompt([MESSAGES[0], ChatMessage("user", "Who built the first telescope?")]))
+    anchor = anchor_end(other.token_ids, llama._turn_start)
+    assert 0 < anchor == anchor_end(ctx.token_ids, llama._turn_start) < len(other.token_ids)
+    evaluated: list[int] = []
+    engine_eval = llama.engine.eval
+
+    def counting(tokens: Any, logits_from: int | None = None) -> Any:  # a spy: the real eval runs
+        evaluated.append(len(tokens))
+        return engine_eval(tokens, logits_from)
+
+    _run(llama.generate(ctx, stop=[], max_tokens=4, temperature=0))  # the cache now holds the system message
+    llama.engine.eval = counting  # type: ignore[method-assign]
+    try:
+        reused = _run(llama.generate(other, stop=[], max_tokens=20, temperature=0))
+        assert evaluated[0] == len(other.token_ids) - anchor  # the system message came from the cache
+        evaluated.clear()
+        third = _run(llama.render_prompt([ChatMessage("system", "Answer in French."), MESSAGES[1]]))
+        _run(llama.generate(third, stop=[], max_tokens=2, temperature=0))
+        assert evaluated[:2] == [anchor_end(third.token_ids, llama._turn_start),
+                                 len(third.token_ids) - anchor_end(third.token_ids, llama._turn_start)]
+    finally:
+        del llama.engine.eval
+    fresh_client = EmbeddedLlamaCppClient(smollm2_dir, smollm2_gguf, lora_cache=tmp_path, threads=1,
+                                          batch_threads=1)
+    try:
+        fresh = _run(fresh_client.generate(other, stop=[], max_tokens=20, temperature=0))
+    finally:
+        _run(fresh_client.aclose())
+    assert reused.token_ids == fresh.token_ids and reused.logprobs == fresh.logprobs
+
+
+def test_a_q8_base_holds_the_bundled_values_within_a_step_is_cached_and_serves_within_the_gap(
+        smollm2_dir: Path, smollm2_gguf: Path, torch_sft: TransformersPolicyClient, ctx: PromptContext,
+        tmp_path: Path) -> None:
+    """`base_q8` (issue 47's prefill): every 4-bit weight as Q8_0 of its de-quantized value, everything else as it
+    was; converted once and reused; a cached copy that no longer matches its digest is converted again; the SFT
+    adapter on top of it agrees with the trainer as on the bundled GGUF."""
+    import gguf
+    import numpy as np
+
+    from learning.engines.gguf_lora import cached_q8_base
+
+    cache = tmp_path / "cache"
+    q8 = cached_q8_base(smollm2_gguf, cache)
+    base, copy = gguf.GGUFReader(str(smollm2_gguf)), gguf.GGUFReader(str(q8))
+    by_name = {t.name: t for t in copy.tensors}
+    converted = 0
+    for t in base.tensors:
+        c = by_name.pop(t.name)
+        if t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
+            assert c.tensor_type == gguf.GGMLQuantizationType.Q8_0
+            want = gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1, 32)
+            got = gguf.quants.dequantize(c.data, c.tensor_type).reshape(-1, 32)
+            assert (np.abs(got - want) <= np.abs(want).max(axis=1, keepdims=True) / 127 * 0.6).all()
+            converted += 1
+        else:
+            assert c.tensor_type == t.tensor_type and np.array_equal(np.asarray(c.data), np.asarray(t.data))
+    assert converted >= 7 * 30 and not by_name  # the seven projections of every block, at least
+    written = q8.stat().st_mtime_ns
+    assert cached_q8_base(smollm2_gguf, cache) == q8 and q8.stat().st_mtime_ns == written  # reused
+    with q8.open("r+b") as fh:  # a flipped byte in the middle: the digest no longer matches
+        fh.seek(q8.stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    assert cached_q8_base(smollm2_gguf, cache) == q8 and q8.stat().st_mtime_ns != written
+
+    client = EmbeddedLlamaCppClient(smollm2_dir, smollm2_gguf, adapter_path=SFT_ADAPTER, version="sft",
+                                    lora_cache=cache, threads=1, batch_threads=1, base_q8=True)
+    try:
+        assert client._gguf == q8
+        _agree_with(client, torch_sft, ctx)
+    finally:
+        _run(client.aclose())
+
+
 def test_bad_requests_and_a_closed_client(smollm2_dir: Path, smollm2_gguf: Path, tmp_path: Path) -> None:
     client = EmbeddedLlamaCppClient(smollm2_dir, smollm2_gguf, lora_cache=tmp_path, threads=1, n_ctx=64)
     ctx = PromptContext(text="", token_ids=tuple(range(100, 400)))  # llama.cpp rounds the context up to 256
