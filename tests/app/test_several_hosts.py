@@ -47,6 +47,8 @@ def _env(url: str, data_dir: Path, smollm2_dir: Path, chroma: tuple[str, int], p
         "RUBRICEM_AGENT__DEFAULTS__TOKEN_CAPS__REVIEW": "16",
         "RUBRICEM_AGENT__DEFAULTS__TOKEN_CAPS__ANSWER": "24",
         "RUBRICEM_AGENT__DEFAULTS__WALL_CLOCK_S": "900",
+        "RUBRICEM_AGENT__LOCAL_SEARCH_K": "2",
+        "RUBRICEM_AGENT__SNIPPET_CHARS": "300",
         "RUBRICEM_LEARNING__RETRAIN__STEPS": "1",
         "RUBRICEM_LEARNING__RETRAIN__ROLLOUTS": "2",
         "RUBRICEM_LEARNING__RETRAIN__BATCH_QUESTIONS": "1",
@@ -88,6 +90,14 @@ def test_two_apps_and_a_scheduler_on_one_postgresql_store(
     probes.write_text("Who was Haymo of Faversham?\n")
     host_a, host_b, host_s, host_s2 = (
         _env(postgres_url, tmp_path / name, smollm2_dir, chroma_server, probes) for name in ("a", "b", "s", "s2"))
+    # A few passages in the shared documents collection, so no host indexes the demo corpus into it (two at once)
+    # and no process builds a BM25 over its 9,000 chunks: the subject is the shared store, not retrieval.
+    from app.settings import Settings
+    from tests.indexes import seed_passages
+
+    seed_passages(Settings(store=StoreConfig(data_dir=tmp_path / "seed", chroma_mode="server",
+                                             chroma_host=chroma_server[0], chroma_port=chroma_server[1],
+                                             docs_collection="hosts_documents")))
 
     # Both apps answer at the same time, each writing its session to the shared database.
     first = _answers([(_ask(host_a, "Who was Haymo of Faversham?", tmp_path / "a1.json"), tmp_path / "a1.json"),
