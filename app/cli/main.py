@@ -116,9 +116,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     """What a first `ask` would otherwise do before its first token (issue 47), run by `make install`: the bundled
-    model's tokenizer folder; for the embedded llamacpp engine, its CPU variant probes, thread plan and the shipped
-    adapter's GGUF conversion (one policy built and closed); and the demo corpus in the local index when the user
-    has ingested nothing of their own. Each step's seconds are printed."""
+    model's tokenizer folder; for the embedded llamacpp engine, its CPU variant probes, thread plan, the Q8_0 copy of
+    the base and the shipped adapter's GGUF conversion (one policy built and closed); and the demo corpus in the local
+    index when the user has ingested nothing of their own. Each step's seconds are printed."""
     import time
 
     from app.container import ensure_corpus, open_index
@@ -136,7 +136,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             from app.container import build_policy
 
             t = time.monotonic()
-            policy = build_policy(settings, say=progress.say)  # CPU variant probes, thread plan, adapter conversion
+            policy = build_policy(settings, say=progress.say)  # variant probes, thread plan, Q8_0 base, adapter
             engine = getattr(policy, "engine", None)
             variant = getattr(engine, "cpu_variant", None)
             threads = getattr(policy, "threads", None)

@@ -95,7 +95,9 @@ def _weight_bytes(policy: TransformersPolicyClient, merged: bool = False) -> int
                if not (merged and "lora_" in name))
 
 
-ENGINES = ("torch", "torch-compiled", "llamacpp", "llamacpp-merged", "llamacpp-bf16")
+ENGINES = ("torch", "torch-compiled", "llamacpp", "llamacpp-q8", "llamacpp-merged", "llamacpp-bf16")
+# llamacpp: the bundled Q4_1 GGUF; llamacpp-q8: its Q8_0 copy (the product's default, `embedded_base_q8`), adapters as
+# GGUF LoRA on either; llamacpp-merged: the adapter merged into a Q8_0 copy; llamacpp-bf16: a de-quantized GGUF
 
 
 def dense_gguf() -> Path:
@@ -117,6 +119,7 @@ def make_policy(engine: str, args: argparse.Namespace) -> Any:
         gguf = dense_gguf() if engine == "llamacpp-bf16" else bundled_gguf_path()
         return EmbeddedLlamaCppClient(model_dir, gguf, lora_cache=MODEL_CACHE / "gguf-lora", threads=args.threads,
                                       batch_threads=args.threads, merge_adapter=engine == "llamacpp-merged",
+                                      base_q8=engine == "llamacpp-q8",
                                       cpu_variant=os.environ.get("RUBRICEM_AGENT__EMBEDDED_CPU_VARIANT") or None)
     kw: dict[str, Any] = {"compile": True} if engine == "torch-compiled" else {}
     return TransformersPolicyClient(model_dir, dtype=args.dtype, merge_adapter=args.merge_adapter,
@@ -128,6 +131,8 @@ def _bytes_per_step(engine: str, policy: Any, adapter: bool, merged: bool) -> in
         from learning.engines.gguf_lora import cached_merged
 
         return cached_merged(ADAPTER, bundled_gguf_path(), MODEL_CACHE / "gguf-lora").stat().st_size
+    if engine == "llamacpp-q8":
+        return policy._gguf.stat().st_size  # the cached Q8_0 copy it serves
     if engine.startswith("llamacpp"):
         return (dense_gguf() if engine == "llamacpp-bf16" else bundled_gguf_path()).stat().st_size
     return _weight_bytes(policy, merged=adapter and merged)
@@ -274,6 +279,7 @@ def session(args: argparse.Namespace, engine: str | None = None) -> dict[str, An
             "embedded_gguf_path": dense_gguf() if engine == "llamacpp-bf16" else None,
             "embedded_merge_adapter": engine == "llamacpp-merged" if engine.startswith("llamacpp")
             else settings.agent.embedded_merge_adapter,
+            "embedded_base_q8": engine == "llamacpp-q8",
             "embedded_threads": args.threads if engine.startswith("llamacpp") else args.torch_threads})
         settings = settings.model_copy(update={"agent": agent})
     values = settings.agent.defaults.model_dump() | {"max_tool_calls": 2, "format": "short_form", "seed": 0}
