@@ -159,10 +159,10 @@ class AgentConfig(BaseModel):
         "prefill 1.6-1.9x faster and the sampler-trainer KL stays a tenth of the skip bound, but a new adapter takes "
         "seconds to convert and a swap loads a model; the demo session's sampled tokens per second were unchanged.")
     embedded_base_q8: bool = Field(
-        default=True, description="llamacpp engine: serve the base weights from a Q8_0 copy of the GGUF (converted "
+        default=False, description="llamacpp engine: serve the base weights from a Q8_0 copy of the GGUF (converted "
         "once, about 6 s, 145 MB, cached beside the GGUF LoRAs): llama.cpp's tiled prompt kernels take Q8_0 but not "
-        "the bundled Q4_1, so prompts prefill 1.7-1.9x faster; one-token steps of the base alone run about a fifth "
-        "slower, with an adapter applied as fast as before (docs/speed.md). false = the GGUF as it is.")
+        "the bundled Q4_1, so prompts prefill 1.4-1.8x faster, but one-token steps read twice the bytes, and the demo "
+        "session, mostly decode, ran slower in an interleaved A/B (docs/speed.md). For prompt-heavy work.")
     embedded_decode_matmul: Literal["native", "onednn"] = Field(
         default="native", description="CPU kernels of the embedded model's one-token decode steps: ATen's native "
         "bf16 matrix-vector products read the weights about twice as fast as oneDNN's (prompts always use oneDNN).")

@@ -255,10 +255,10 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
             0.04 s for a GGUF LoRA). The base weights are served from `gguf` (or its Q8_0 copy) either way.
         base_q8: serve a Q8_0 copy of `gguf` (`gguf_lora.cached_q8_base`, converted once into `lora_cache`, about
             6 s and 145 MB) instead of the file itself. Why: llama.cpp's tiled prompt kernels take Q8_0 but not the
-            bundled Q4_1, so a prompt prefills 1.7-1.9x faster, with the adapter as GGUF LoRA or without; a one-token
-            step reads twice the bytes, which costs the base alone about a fifth of its decode rate and costs nothing
-            measurable with the adapter applied (docs/speed.md). The values are the Q4_1 ones within a Q8_0 step. A
-            copy that cannot be written is logged, and the file itself is served.
+            bundled Q4_1, so a prompt prefills 1.4-1.8x faster, with the adapter as GGUF LoRA or without; but a
+            one-token step reads twice the bytes, and the demo session, mostly such steps, ran slower per sampled
+            token in an interleaved A/B (docs/speed.md): for prompt-heavy work. The values are the Q4_1 ones within a
+            Q8_0 step. A copy that cannot be written is logged, and the file itself is served.
         threads, batch_threads: llama.cpp threads for one-token steps and for prompts. None: measured on this machine
             at the first start (`learning.engines.threads`: each count timed round-robin, the fastest kept, a larger
             count only when it is more than 3 % faster) and cached in `tokenizer_dir/../threads.json` (beside the torch
