@@ -117,8 +117,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     """What a first `ask` would otherwise do before its first token (issue 47), run by `make install`: the bundled
     model's tokenizer folder; for the embedded llamacpp engine, its CPU variant probes, thread plan, the Q8_0 copy of
-    the base (with `embedded_base_q8`) and the shipped adapter's GGUF conversion (one policy built and closed); and the demo corpus in the local
-    index when the user has ingested nothing of their own. Each step's seconds are printed."""
+    the base (with `embedded_base_q8`) and the shipped adapter's GGUF conversion (one policy built and closed); and
+    the demo corpus in the local index when the user has ingested nothing of their own. Each step's seconds are
+    printed."""
     import time
 
     from app.container import ensure_corpus, open_index
