@@ -20,10 +20,13 @@ def demo_hotpot_corpus() -> dict[str, list[str]]:
 def passage_index(data_dir: Path, pick: Callable[[dict[str, list[str]]], Iterable[str]]) -> DocIndex:
     """A fresh embedded index (Chroma + MiniLM + BM25) holding the demo passages whose titles `pick` returns."""
     corpus = demo_hotpot_corpus()
-    docs = [Document(source=f"test:{t}", chunk=0, text=" ".join(corpus[t]), title=t) for t in pick(corpus)]
     index = DocIndex(StoreConfig(data_dir=data_dir))
-    index.add_documents(docs)
+    index.add_documents(_documents(corpus, pick(corpus)))
     return index
+
+
+def _documents(corpus: dict[str, list[str]], titles: Iterable[str]) -> list[Document]:
+    return [Document(source=f"test:{t}", chunk=0, text=" ".join(corpus[t]), title=t) for t in titles]
 
 
 SEED_TITLES = ("Haymo of Faversham", "David Smith (director)", "Christopher Nolan", "The Prestige (film)",
@@ -36,6 +39,4 @@ def seed_passages(settings: object, titles: Iterable[str] = SEED_TITLES) -> None
     plus a BM25 over its 9,000 chunks in every process that opens it): for tests whose subject is not retrieval."""
     from app.container import open_index
 
-    corpus = demo_hotpot_corpus()
-    open_index(settings).add_documents(  # type: ignore[arg-type]
-        [Document(source=f"test:{t}", chunk=0, text=" ".join(corpus[t]), title=t) for t in titles])
+    open_index(settings).add_documents(_documents(demo_hotpot_corpus(), titles))  # type: ignore[arg-type]

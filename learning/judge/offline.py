@@ -265,14 +265,16 @@ class OfflineJudge:
         self, chosen: _AnswerRubrics, trajectories: Sequence[Trajectory], question: str
     ) -> list[list[tuple[float, str]]]:
         """Per trajectory, per rubric: (best cosine similarity, best sentence) over the sentences that say more than
-        the rubric (`adds_to`); (0.0, "") for an empty answer or one that only restates."""
+        the question and a self-written rubric (SELF_WRITTEN_SOURCES); (0.0, "") for an empty answer or one that only
+        restates."""
         from store.embeddings import EmbeddingModelError, embed_texts  # lazy: loads sentence-transformers
 
         rubrics = chosen.rubrics
         sentences = [answer_sentences(t) for t in trajectories]
         rubric_texts = [f"{r.title}: {r.description}" if r.description else r.title for r in rubrics]
         self_written = chosen.source in SELF_WRITTEN_SOURCES
-        known = [content_words(question) | (content_words(text) if self_written else set()) for text in rubric_texts]
+        asked = content_words(question)
+        known = [asked | content_words(text) if self_written else asked for text in rubric_texts]
         texts = rubric_texts + [s for group in sentences for s in group]
         try:
             vectors = await asyncio.to_thread(embed_texts, texts, self.embedding_model)

@@ -4,9 +4,9 @@
 best one the CPU runs (`learning.engines.cpu_backend`). For every variant built and able to run here (or
 `--variants`), each in its own child process with that variant forced (`RUBRICEM_AGENT__EMBEDDED_CPU_VARIANT`):
 
-(a) prompt prefill, tokens/s, of 512- and 1,536-token prompts on the bundled Q4_1 GGUF and on its Q8_0 copy (what the
-    product serves, `embedded_base_q8`), each with no adapter and with the shipped SFT adapter as GGUF LoRA (what the
-    demo serves), and one-token decode steps behind the short prompt;
+(a) prompt prefill, tokens/s, of 512- and 1,536-token prompts on the bundled Q4_1 GGUF and on its Q8_0 copy (the
+    `embedded_base_q8` setting), each with no adapter and with the shipped SFT adapter as GGUF LoRA (what the demo
+    serves), and one-token decode steps behind the short prompt;
 (b) llama-cpp-python's own `Llama`: `--tokens` sampled tokens after the ~40-token prompt of `decode.py` (c), best of
     `--reps`: the reference rate the session targets are fractions of;
 (c) greedy: `--greedy-tokens` tokens of that prompt with the SFT adapter, through the product's engine; their ids are
@@ -69,7 +69,7 @@ def micro(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     tok_dir = ensure_tokenizer(MODEL_CACHE)
     chosen = cpu_backend.load_cpu_backend(gguf, MODEL_CACHE / cpu_backend.RECORD_FILENAME, variant)
     lora = cached_lora(SHIPPED_SFT_ADAPTER, gguf, MODEL_CACHE / "gguf-lora")
-    q8 = cached_q8_base(gguf, MODEL_CACHE / "gguf-lora")  # the product's default base (`embedded_base_q8`)
+    q8 = cached_q8_base(gguf, MODEL_CACHE / "gguf-lora")  # the base `embedded_base_q8` serves
     lora_q8 = cached_lora(SHIPPED_SFT_ADAPTER, q8, MODEL_CACHE / "gguf-lora")
     out: dict[str, Any] = {"variant": chosen.name if chosen else None, "threads": args.threads}
     text = (ROOT / "README.md").read_text(encoding="utf-8")

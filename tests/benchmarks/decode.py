@@ -96,8 +96,8 @@ def _weight_bytes(policy: TransformersPolicyClient, merged: bool = False) -> int
 
 
 ENGINES = ("torch", "torch-compiled", "llamacpp", "llamacpp-q8", "llamacpp-merged", "llamacpp-bf16")
-# llamacpp: the bundled Q4_1 GGUF; llamacpp-q8: its Q8_0 copy (the product's default, `embedded_base_q8`), adapters as
-# GGUF LoRA on either; llamacpp-merged: the adapter merged into a Q8_0 copy; llamacpp-bf16: a de-quantized GGUF
+# llamacpp: the bundled Q4_1 GGUF (the product's default); llamacpp-q8: its Q8_0 copy (`embedded_base_q8`), adapters
+# as GGUF LoRA on either; llamacpp-merged: the adapter merged into a Q8_0 copy; llamacpp-bf16: a de-quantized GGUF
 
 
 def dense_gguf() -> Path:
