@@ -53,6 +53,28 @@ class Generation:
     token_source: TokenSource = "server"
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """Which policy version serves one session's requests on a client that several sessions share (issue 49).
+
+    Why it exists: the shared client's own "current version" (`set_model`, `aload_adapter`) is global, so a session
+    of team "law" and one of team "bio" running at once could each end up on the other's adapter. A session carries
+    its `Served` instead, and every generate call is pinned to it (`agent.policy.PinnedPolicy`). The three names are
+    kept apart because the two kinds of client address a version differently.
+    """
+
+    version: str  # registry version name recorded on the session: "base", "policy@3", "team:law@2"
+    model: str  # the name an HTTP server is sent as `model` (vLLM: the LoRA adapter's name, or the base's served name)
+    adapter: str | None  # in-process engines: the adapter folder loaded before the request; None = the base weights
+
+    def __post_init__(self) -> None:
+        """Refuse empty names here, where the pin is made, not later as a server's 404 in the middle of a session."""
+        if not self.version or not self.model:
+            raise ValueError(f"a served version needs a non-empty version and model name, not {self!r}")
+        if self.adapter is not None and not self.adapter:
+            raise ValueError("adapter must be a folder or None (the base weights), not an empty string")
+
+
 @runtime_checkable
 class PolicyClient(Protocol):
     """A policy the agent can sample from (vLLM, llama.cpp server, in-process transformers)."""
@@ -84,6 +106,30 @@ class PolicyClient(Protocol):
 
     async def aclose(self) -> None:
         """Release connections/resources."""
+        ...
+
+
+@runtime_checkable
+class SharedPolicyClient(PolicyClient, Protocol):
+    """A `PolicyClient` several sessions can share, each pinned to its own version per call (`Served`).
+
+    The HTTP clients, `ReplicaSet` and the embedded engines implement it; a `PinnedPolicy` wraps one.
+    """
+
+    async def generate(
+        self,
+        context: PromptContext,
+        *,
+        stop: Sequence[str],
+        max_tokens: int,
+        temperature: float,
+        seed: int | None = None,
+        served: Served | None = None,
+    ) -> Generation:
+        """As `PolicyClient.generate`; with `served`, this one request is answered by that version whatever the
+        client's current version is. HTTP clients keep their current alias; an in-process engine swaps its adapter
+        under its model lock and leaves `served`'s loaded (its `policy_version` says so), so on a shared engine every
+        session should be pinned: an unpinned call gets whichever version ran last."""
         ...
 
 

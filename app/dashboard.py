@@ -4,7 +4,7 @@ and a summary, as frozen rows read from the registry, the session log and the ru
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -59,6 +59,7 @@ class VersionRow:
     eval_runs: int | None = None
     eval_failed_runs: int | None = None
     eval_judge: str | None = None
+    team: str | None = None  # issue 49: the team it was trained for; None for the global policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,10 +184,10 @@ def _eval_numbers(report: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def _version_row(v: PolicyVersion, live: str) -> VersionRow:
+def _version_row(v: PolicyVersion, live: Collection[str]) -> VersionRow:
     return VersionRow(name=v.name, number=v.number, status=v.status, parent=v.parent, created_at=v.created_at,
-                      reason=v.reason, live=v.name == live, training_run=v.training_run,
-                      **_eval_numbers(v.eval_report))
+                      reason=v.reason, live=v.name in live, training_run=v.training_run,
+                      **_eval_numbers(v.eval_report), team=v.team)
 
 
 def _stage_reached(c: Cycle) -> str:
@@ -215,17 +216,23 @@ def _cycle_row(c: Cycle) -> CycleRow:
 # ---- public API ----------------------------------------------------------------------------------------------------
 
 
-def version_rows(registry: Registry) -> list[VersionRow]:
-    """Every policy version in creation order (base first), with its gate numbers and whether it is live now.
+def version_rows(registry: Registry, teams: Collection[str] | None = None) -> list[VersionRow]:
+    """Every policy version in creation order (base first), with its gate numbers and whether it is live now (the
+    global alias, or its team's).
 
     Args:
         registry: The policy registry.
+        teams: Whose team versions to show (a person sees the global policy's and their own team's, issue 49);
+            None: every team's (admins).
 
     Returns:
         One row per version, oldest first.
     """
-    live = registry.live().name
-    return [_version_row(v, live) for v in reversed(registry.versions())]
+    from store.teams import Teams
+
+    live = {registry.live().name} | {t.live_version for t in Teams(registry.log).list() if t.live_version}
+    return [_version_row(v, live) for v in reversed(registry.versions())
+            if v.team is None or teams is None or v.team in teams]
 
 
 def alias_history(registry: Registry, limit: int = 50) -> list[AliasRow]:
@@ -239,14 +246,15 @@ def alias_history(registry: Registry, limit: int = 50) -> list[AliasRow]:
             for h in registry.history(limit)]
 
 
-def cycle_rows(registry: Registry, limit: int = 50) -> list[CycleRow]:
+def cycle_rows(registry: Registry, limit: int = 50, teams: Collection[str] | None = None) -> list[CycleRow]:
     """Retraining cycles and scheduler skips, newest first, with their outcome and key numbers.
 
     Args:
         registry: The policy registry.
         limit: At most this many cycles.
+        teams: Whose team cycles to show (as `version_rows`); None: every team's.
     """
-    return [_cycle_row(c) for c in registry.cycles(limit)]
+    return [_cycle_row(c) for c in registry.cycles(limit) if c.team is None or teams is None or c.team in teams]
 
 
 def cycle_usage(registry: Registry, rows: Iterable[CycleRow], prices: PriceTable) -> dict[str, UsageTotals]:

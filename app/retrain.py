@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from learning.evaluate import Probe
 from learning.pipeline import RetrainParts
 from learning.train_config import load_config
 from store.records import Trajectory
-from store.registry import LIVE, Cycle, PolicyVersion, Registry, RegistryError
+from store.registry import Cycle, PolicyVersion, Registry, team_version_name
 from store.session_log import SessionLog
 
 _log = logging.getLogger(__name__)
@@ -83,14 +84,18 @@ def purge_runs(settings: Settings, log: SessionLog, say: Say = lambda _m: None) 
     return purged
 
 
-async def prepare_live(policy: Any, settings: Settings, new: PolicyVersion, old: PolicyVersion) -> list[str]:
-    """Before `live` moves from `old` to `new` on vLLM: make every replica serve `new`, checked, or raise.
+async def prepare_live(policy: Any, settings: Settings, new: PolicyVersion, old: PolicyVersion,
+                       serving: Collection[str] = ()) -> list[str]:
+    """Before `live` (or a team's alias) moves from `old` to `new` on vLLM: make every replica serve `new`, checked,
+    or raise.
 
     An adapter version is loaded where it is missing and each server's `/v1/models` must list it from its folder
     (`ensure_adapter`; on a `ReplicaSet` all or nothing: if one replica fails, the adapter is unloaded again where
     this call loaded it and `ReplicaError` names the replica). The base version needs no load, but every replica must
     still answer and list the base model, so a replica that is down stops a promotion or rollback to it as well.
-    Returns the adapters older than `old` to unload once requests in flight are done (`old` stays for a rollback).
+    Returns the adapters older than `old` to unload once requests in flight are done (`old` stays for a rollback):
+    only versions of the same policy (`policy@N` for the global one, `team:<name>@K` for a team's), and never one in
+    `serving` (what the global and every team alias serve now: `live_names`).
     """
     base = settings.agent.policy_model
     if new.adapter_path is not None:
@@ -99,9 +104,21 @@ async def prepare_live(policy: Any, settings: Settings, new: PolicyVersion, old:
         raise ConfigurationError(f"the policy server does not list the base model {base!r} "
                                  "(RUBRICEM_AGENT__POLICY_MODEL must be vLLM's --served-model-name)")
     per_replica = await policy.listed() if isinstance(policy, ReplicaSet) else {"": await policy.list_models()}
-    keep = {new.name, old.name, base}
+    keep = {new.name, old.name, base, *serving}
     names = {m for listed in per_replica.values() for m in listed}
-    return sorted(m for m in names if m.startswith("policy@") and m not in keep)
+    prefix = "policy@" if new.team is None else team_version_name(new.team, 0)[:-1]  # "team:<name>@"
+    return sorted(m for m in names if m.startswith(prefix) and m not in keep)
+
+
+def live_names(registry: Registry) -> set[str]:
+    """Every version an alias serves now: the global live one and each team's own."""
+    from store.teams import Teams
+
+    names = {registry.live().name}
+    for team in Teams(registry.log).list():
+        if team.live_version is not None:
+            names.add(team.live_version)
+    return names
 
 
 async def unload_stale(policy: Any, names: list[str]) -> None:
@@ -124,18 +141,16 @@ async def _listed(policy: Any) -> list[str]:
         return []
 
 
-def rollback_target(registry: Registry) -> PolicyVersion:
+def rollback_target(registry: Registry, team: str | None = None) -> PolicyVersion:
     """The version `Registry.rollback` would make live, found without moving `live` (the same rule: the version the
-    promotion of the current live one replaced, rollbacks skipped), so it can be loaded everywhere first.
+    promotion of the current live one replaced, rollbacks skipped), so it can be loaded everywhere first. For a team
+    whose rollback returns it to the global policy, that is the global live version.
 
     Raises:
         RegistryError: nothing to roll back to.
     """
-    current = registry.live().name
-    for change in registry.history(limit=1_000_000_000):
-        if change.alias == LIVE and change.action != "rollback" and change.version == current and change.previous:
-            return registry.get(change.previous)
-    raise RegistryError(f"live is {current} and there is no earlier live version to roll back to")
+    target = registry.rollback_target(team)
+    return registry.live() if target is None else target
 
 
 def probe_questions(settings: Settings) -> list[str]:
@@ -289,7 +304,7 @@ class RetrainApp:
         if self.settings.agent.policy_backend != "vllm":
             return
         policy = self._policy()
-        stale = await prepare_live(policy, self.settings, new, old)
+        stale = await prepare_live(policy, self.settings, new, old, live_names(self.registry))
         if stale:
             self._pending.append(asyncio.create_task(self._unload_later(policy, stale)))
 

@@ -78,8 +78,25 @@ def _file_lock(data_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-async def run_cycle(settings: Settings, *, trigger: str, force: bool, say: Say = lambda _m: None) -> Any:
-    """One locked cycle; a locked-out scheduler run is recorded as skipped."""
+async def run_cycle(settings: Settings, *, trigger: str, force: bool, say: Say = lambda _m: None,
+                    team: str | None = None) -> Any:
+    """One locked cycle (of the global policy, or of `team`'s), or the resumption of the one a crash left running
+    (only that: run the command again for the one asked); a locked-out scheduler run is recorded as skipped."""
+    results = await run_cycles(settings, trigger=trigger, force=force, say=say, teams=[team], after_resume=False)
+    return results[0]
+
+
+async def run_cycles(settings: Settings, *, trigger: str, force: bool, say: Say = lambda _m: None,
+                     teams: list[str | None] | None = None, after_resume: bool = True) -> list[Any]:
+    """Cycles one after another under one hold of the cycle lock: the global policy's, then each team's (issue 49;
+    `teams` None: the global one and every team, by name). A cycle a crash left running is resumed first, whichever
+    policy it trains (then, with `after_resume` false, nothing else). Each team's cycle trains on that team's
+    sessions only, and one with too few new sessions is recorded as skipped with the reason. A cycle that fails is
+    recorded and logged, and the next one still runs. Returns each cycle's `learning.pipeline.CycleResult` (or the exception it raised), in order.
+
+    Raises:
+        CycleLocked: another process holds the lock (a scheduler run is recorded as skipped).
+    """
     from app.retrain import RetrainApp
     from learning.pipeline import retrain
 
@@ -87,7 +104,27 @@ async def run_cycle(settings: Settings, *, trigger: str, force: bool, say: Say =
         with cycle_lock(settings.store):
             app = RetrainApp(settings, say)
             try:
-                return await retrain(app.parts(), settings.learning.retrain, trigger=trigger, force=force, say=say)
+                if teams is None:
+                    from store.teams import Teams
+
+                    teams = [None, *Teams(app.log).names()]
+                results: list[Any] = []
+                resumed = app.registry.running_cycle()
+                if resumed is not None:  # finish what a crash left, then do what was asked
+                    results.append(await retrain(app.parts(), settings.learning.retrain, trigger=trigger,
+                                                 force=force, say=say))
+                    if not after_resume:
+                        return results
+                for team in teams:
+                    try:
+                        results.append(await retrain(app.parts(), settings.learning.retrain, trigger=trigger,
+                                                     force=force, say=say, team=team))
+                    except Exception as exc:  # noqa: BLE001 - recorded as failed; the other policies still train
+                        if len(teams) == 1:
+                            raise
+                        _log.error("retraining cycle%s failed: %s", f" of team {team}" if team else "", exc)
+                        results.append(exc)
+                return results
             finally:
                 await app.aclose()
     except CycleLocked as exc:
@@ -117,8 +154,10 @@ def scheduled_job(settings: Settings) -> None:
     """The scheduler's job: one cycle (skipped below min_new_sessions); errors are logged, the scheduler goes on.
     The crash sweep is its own job (`sweep`): a cycle counts only completed sessions, so it need not sweep first."""
     try:
-        result = asyncio.run(run_cycle(settings, trigger="scheduler", force=False, say=_log.info))
-        _log.info("retraining cycle: %s", result.message)
+        for result in asyncio.run(run_cycles(settings, trigger="scheduler", force=False, say=_log.info)):
+            if not isinstance(result, Exception):
+                _log.info("retraining cycle%s: %s", f" of team {result.cycle.team}" if result.cycle.team else "",
+                          result.message)
     except CycleLocked as exc:
         _log.info("scheduled cycle skipped: %s", exc)
     except Exception:  # noqa: BLE001 - a failed cycle is recorded in the registry; the next one runs on schedule

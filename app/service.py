@@ -22,7 +22,8 @@ from agent.clarify import ClarificationAnswer
 from agent.config import AgentConfig, RunOptions
 from agent.deps import AgentDeps
 from agent.errors import AgentError, InputError
-from agent.protocols import PolicyClient, ReflectionBank, SearchTool
+from agent.policy import PinnedPolicy
+from agent.protocols import PolicyClient, ReflectionBank, SearchTool, Served
 from agent.report import Embed, Report, attribute_report, report_fields, unverified_report, verify_report
 from agent.sequence import policy_model
 from agent.run import (
@@ -44,6 +45,7 @@ from store.owner import current_actor
 from store.records import STAGES, PromptRecord, Retrieval, SessionSource, ToolCallRecord, Trajectory, Turn
 from store.session_log import SessionLog
 from store.session_log.checkpoints import SessionRuns
+from store.teams import Teams
 
 _log = logging.getLogger(__name__)
 
@@ -131,9 +133,34 @@ def _metrics(traj: Trajectory, report: Report, seconds: float) -> dict[str, Any]
 class LiveVersion(Protocol):
     """Where the live policy version is read from (store.registry.Registry via `registry_live`)."""
 
-    def current(self) -> tuple[str, str | None]:
-        """(version name, adapter folder or None for the base model)."""
+    def current(self, team: str | None = None) -> tuple[str, str | None]:
+        """(version name, adapter folder or None for the base model): the global live version, or a team's (its
+        own, else the global one). Raises StoreError for a team that no longer exists."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class SessionServing:
+    """Which version serves a session and why (issue 49): recorded in its metrics as `serving`."""
+
+    policy: PolicyClient  # the session's view of the shared client, pinned to `version` (or the client itself)
+    version: str
+    team: str | None  # the owner's team as the session starts
+    warning: str | None = None  # why the team's own version could not serve it (the global one did)
+
+    def record(self) -> dict[str, Any]:
+        """JSON for the session's metrics."""
+        return {"version": self.version, "team": self.team, "warning": self.warning}
+
+
+def _pinnable(policy: object) -> bool:
+    """Whether a client can answer one request by a given version (`generate(..., served=...)`)."""
+    import inspect
+
+    try:
+        return "served" in inspect.signature(policy.generate).parameters  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):
+        return False
 
 
 class ResearchService:
@@ -169,6 +196,7 @@ class ResearchService:
         self.durable = durable  # None: sessions are not checkpointed (no resume, no plan approval)
         self.lease = lease or LeaseTiming()
         self._swap_lock = asyncio.Lock()
+        self._ready: set[tuple[str, str]] = set()  # team versions this process has loaded once (`_serving`)
 
     async def sync_live(self, sink: EventSink) -> None:
         """Serve the registry's live version from the next request on (the hot swap's serving side).
@@ -198,6 +226,79 @@ class ResearchService:
                 message = f"{type(exc).__name__}: {exc}"
                 _log.warning("could not switch to the live policy version: %s", message)
                 sink(ev.Note("policy_swap_failed", {"error": message}))
+
+    def _served(self, name: str, adapter: str | None) -> Served:
+        """How this client is told to serve a registry version: an HTTP server by the version's adapter name (the
+        base model's served name for the base version), an in-process engine by its adapter folder (`base` is the
+        deployment's starting adapter, under the name `sync_live` loads it by)."""
+        if hasattr(self.policy, "set_model"):
+            model = name if adapter else self.config.policy_model
+            return Served(version=model, model=model, adapter=adapter)
+        if adapter is None and self.base_adapter is not None:
+            adapter, name = str(self.base_adapter), adapter_version(self.base_adapter)
+        return Served(version=name, model=name, adapter=adapter)
+
+    async def _serving(self, sink: EventSink, version: str | None = None) -> SessionServing:
+        """The session's policy: pinned to its owner's team's version, or to the global live one (issue 49).
+
+        A team's version whose adapter folder is gone, or that fails to load here (vLLM: on every replica; in-process:
+        a trial swap), is not used: the session is served by the global live version and the warning is recorded on
+        it and sent as a `team_policy_fallback` note. Never another team's version. `version` (a resumed session's
+        recorded one) pins to that version instead. Without a registry, or with a client that cannot be pinned per
+        request, the shared client serves as it is.
+        """
+        team = await asyncio.to_thread(Teams(self.log).team_of, current_actor().owner)
+        if self.live is None or not _pinnable(self.policy):
+            return SessionServing(self.policy, self.policy.policy_version, team)
+        if version is not None:  # a resumed session goes on with the version that served its start
+            return SessionServing(PinnedPolicy(self.policy, await self._recorded(version)), version, team)
+        name, adapter = await asyncio.to_thread(self.live.current)
+        warning = None
+        if team is not None:
+            try:
+                own = await asyncio.to_thread(self.live.current, team)
+            except StoreError as exc:  # the team was removed meanwhile
+                own, warning = (name, adapter), f"team {team!r} is unavailable ({exc})"
+            if own != (name, adapter) and own[1] is not None:
+                warning = await self._load_problem(own[0], own[1])
+                if warning is None:
+                    name, adapter = own
+                else:
+                    warning = f"team {team}'s version {own[0]} cannot serve: {warning}"
+        if warning is not None:
+            warning += f"; served by the global policy {name}"
+            _log.warning("%s", warning)
+            sink(ev.Note("team_policy_fallback", {"team": team, "error": warning}))
+        served = self._served(name, adapter)
+        return SessionServing(PinnedPolicy(self.policy, served), served.version, team, warning)
+
+    async def _load_problem(self, name: str, adapter: str) -> str | None:
+        """Why a team version cannot be served here, or None once it is loaded (checked once per process)."""
+        if not (Path(adapter) / "adapter_config.json").is_file():  # checked every time: a folder can go away
+            return f"its adapter folder {adapter} is missing or incomplete"
+        if (name, adapter) in self._ready:
+            return None
+        try:
+            if hasattr(self.policy, "ensure_adapter"):  # vLLM (every replica, or none): loaded while requests run
+                await self.policy.ensure_adapter(name, adapter)  # type: ignore[attr-defined]
+            else:  # in-process: a trial swap; every session is pinned, so none is answered by it meanwhile
+                await self.policy.aload_adapter(adapter, name)  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - the session falls back to the global policy, and says why
+            return f"{type(exc).__name__}: {exc}"
+        self._ready.add((name, adapter))
+        return None
+
+    async def _recorded(self, version: str) -> Served:
+        """How to serve a version a session recorded (a resumed one): by its registry entry when it has one."""
+        get = getattr(self.live, "get", None)
+        adapter = None
+        if get is not None:
+            with contextlib.suppress(StoreError):
+                adapter = (await asyncio.to_thread(get, version)).adapter_path
+        if adapter is None and not hasattr(self.policy, "set_model") and self.base_adapter is not None \
+                and version == adapter_version(self.base_adapter):
+            adapter = str(self.base_adapter)
+        return Served(version=version, model=version, adapter=adapter)  # HTTP: recorded as the alias it was sent
 
     async def references(self, question: str, options: RunOptions, sink: EventSink) -> Retrieval:
         """Rubric-bank items for the prompt (none when injection is off or there is no bank).
@@ -298,17 +399,19 @@ class ResearchService:
             raise InputError("clarification needs durable sessions: set RUBRICEM_SESSIONS__CHECKPOINTS=true")
         asks = bool(self.durable.clarify if clarify is None and self.durable is not None else clarify)
         opts = options or self.config.defaults
-        # A seeded run also gets reproducible tool-call ids (they are in the token sequence).
-        deps = AgentDeps(policy=self.policy, tools=self._tools(tools), options=opts, call_ids=CallIdFactory(opts.seed),
-                         approve_plan=approve_plan)
+        tool_set = self._tools(tools)
         started = time.monotonic()
         began_ns = time.time_ns()  # the session's span starts here, before its id exists
         await self.sync_live(sink)
         try:
+            serving = await self._serving(sink)
+            # A seeded run also gets reproducible tool-call ids (they are in the token sequence).
+            deps = AgentDeps(policy=serving.policy, tools=tool_set, options=opts, call_ids=CallIdFactory(opts.seed),
+                             approve_plan=approve_plan)
             refs = await self.references(question, opts, sink)
             prompt = await render_prompt(question, deps, refs)
             clarify_with = clarify_context(question, deps, refs) if asks else None
-            version = self.policy.policy_version
+            version = serving.version
             sid = self.log.create_session(question, prompt, opts.model_dump(mode="json"), version, source=source,
                                           policy_model=policy_model(deps))  # what the price table prices
             if refs.hits:
@@ -332,10 +435,12 @@ class ResearchService:
                 if self.durable is None:
                     result: RunResult | PausedRun | RejectedRun = await execute(sid, question, prompt, deps,
                                                                                 refs.item_ids)
-                    return await self._complete(sid, result, bank_meta, started, sink, version)
+                    return await self._complete(sid, result, bank_meta, started, sink, version,
+                                                serving.record())
                 self.durable.runs.start(sid, sid)
                 outcome = await self._drive(sid, question, prompt, deps, bank_meta, started, sink, version,
-                                            start=True, injected=refs.item_ids, clarify_with=clarify_with)
+                                            start=True, injected=refs.item_ids, clarify_with=clarify_with,
+                                            serving=serving.record())
                 traced.status = outcome_status(outcome)
                 return outcome
             except BaseException as exc:  # whatever stopped the run (even Ctrl-C), the session is marked failed
@@ -354,7 +459,8 @@ class ResearchService:
         sink(ev.RunFailed(sid, message))
 
     async def _complete(self, sid: str, result: RunResult | PausedRun | RejectedRun, bank_meta: dict[str, Any],
-                        started: float, sink: EventSink, version: str) -> ResearchOutcome:
+                        started: float, sink: EventSink, version: str,
+                        serving: Mapping[str, Any] | None = None) -> ResearchOutcome:
         """Finish a session whose graph reached its end: flags, metrics, report; the session is completed."""
         if not isinstance(result, RunResult):
             raise RuntimeError(f"the run stopped early ({type(result).__name__})")
@@ -363,6 +469,8 @@ class ResearchService:
         seconds = time.monotonic() - started
         self.log.set_flags(sid, malformed=traj.malformed, max_consecutive_tool_errors=traj.max_consecutive_tool_errors)
         metrics = _metrics(traj, report, seconds) | {"report": report_fields(report), "bank": bank_meta}
+        if serving:  # which version served it, for whose team, and why not the team's own if it fell back
+            metrics["serving"] = dict(serving)
         if result.clarification is not None:  # the clarify node ran: what it decided, and the user's answer
             metrics["clarification"] = dict(result.clarification)
         self.log.finish(sid, "completed", report=report.markdown, metrics=metrics)
@@ -373,6 +481,7 @@ class ResearchService:
         self, sid: str, question: str, prompt: PromptRecord, deps: AgentDeps, bank_meta: dict[str, Any],
         started: float, sink: EventSink, version: str, *, start: bool, injected: tuple[str, ...],
         resume_value: dict[str, Any] | None = None, clarify_with: dict[str, Any] | None = None,
+        serving: Mapping[str, Any] | None = None,
     ) -> ResearchOutcome | ResearchPaused | ResearchRejected:
         """Run the session's thread until it ends or pauses; an ended session's checkpoints are pruned."""
         durable = self.durable
@@ -402,7 +511,7 @@ class ResearchService:
                     return ResearchRejected(sid)
                 if isinstance(deps.recorder, _SessionRecorder):
                     deps.recorder.fence()  # the last check before the session is finished under our name
-                outcome = await self._complete(sid, result, bank_meta, started, sink, version)
+                outcome = await self._complete(sid, result, bank_meta, started, sink, version, serving)
                 durable.runs.set_state(sid, "finished")
             except LeaseLost:
                 raise  # the session is another process's now: its checkpoints and run state are left to it
@@ -446,6 +555,8 @@ class ResearchService:
         if isinstance(plan, ResearchPaused):
             return plan
         rec, deps, dropped = plan
+        serving = await self._serving(sink, version=rec.policy_version)
+        deps.policy = serving.policy  # the version that served the session's start serves the rest of it
         sink(ev.SessionResumed(session_id, dropped))
         if isinstance(decision, PlanDecision):
             sink(ev.Note("plan_decision", {"action": decision.action}))
@@ -459,7 +570,8 @@ class ResearchService:
                 bank_meta = {"mode": "resumed", "items": [{"id": i} for i in traj.injected_bank_items]}
                 outcome = await self._drive(session_id, rec.question, traj.prompt, deps, bank_meta, started, sink,
                                             rec.policy_version, start=False, injected=traj.injected_bank_items,
-                                            resume_value=None if decision is None else decision.to_dict())
+                                            resume_value=None if decision is None else decision.to_dict(),
+                                            serving=serving.record() | {"team": rec.team, "resumed": True})
                 traced.status = outcome_status(outcome)
                 return outcome
             except BaseException as exc:

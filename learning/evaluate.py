@@ -42,6 +42,7 @@ class GateReport:
     promote: bool
     reason: str
     judge: str
+    general: GateReport | None = None  # a team cycle's second gate, on the global probe set (`team_gate`)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (stored with the version)."""
@@ -91,6 +92,15 @@ async def score_version(version: str, probe: Probe, judge: TrajectoryJudge, ques
     total = (sum(totals) / runs) if runs else 0.0  # a failed run scores 0
     stages = {s: round(sum(v) / len(v), 4) if v else 0.0 for s, v in per_stage.items()}
     return VersionScore(version, stages, round(total, 4), runs, failed)
+
+
+def team_gate(own: GateReport, general: GateReport) -> GateReport:
+    """A team candidate's decision (issue 49): it must pass on the team's own recent questions (`own`, against the
+    version the team is served now) and must not get worse on the global probe set beyond the same tolerance
+    (`general`). The report's scores are the team's; the general gate is kept inside it."""
+    promote = own.promote and general.promote
+    reason = f"team questions: {own.reason}; general questions: {general.reason}"
+    return GateReport(own.candidate, own.live, own.tolerance, promote, reason, own.judge, general)
 
 
 def decide(candidate: VersionScore, live: VersionScore, tolerance: float, judge: str) -> GateReport:

@@ -10,6 +10,11 @@ Stages (the cycle row's `stage` after each): start → judged → trained → re
   held-out judge decides (learning/evaluate.py).
 - done: promoted (the activation hook loads it where it is served, then the live alias flips) or rejected with a
   reason. The live alias only ever moves in one SQLite transaction, after the adapter is complete and loaded.
+
+A team's cycle (issue 49, `team=`) runs the same stages over that team's own sessions only, from the team's live
+version (the global one while the team has none), registers `team:<name>@K`, and is gated twice: on the team's own
+recent questions, and on the global probe set, where it may not get worse than the version the team is served now
+beyond the tolerance (`learning.evaluate.team_gate`). Promotion moves the team's alias only.
 An exception marks the cycle failed (live untouched; a policy replica that failed to load the candidate is listed
 in the cycle's numbers as `failed_replicas`); a killed process leaves it running, and the next call resumes.
 """
@@ -27,7 +32,7 @@ from agent import telemetry
 from agent.errors import ReplicaError
 from learning.config import RetrainConfig
 from learning.eval.heldout import heldout_ids, normalize_question
-from learning.evaluate import GateReport, Probe, adapter_problem, decide, score_version
+from learning.evaluate import GateReport, Probe, adapter_problem, decide, score_version, team_gate
 from learning.judge.pipeline import judge_pending
 from learning.judge.types import TrajectoryJudge
 from store.registry import Cycle, PolicyVersion, Registry
@@ -67,16 +72,17 @@ class CycleResult:
 
 
 async def retrain(parts: RetrainParts, cfg: RetrainConfig, *, trigger: str = "cli", force: bool = True,
-                  say: Say = lambda _m: None) -> CycleResult:
-    """Run (or resume) one cycle; `force=False` (the scheduler) skips it below `min_new_sessions` new sessions."""
+                  say: Say = lambda _m: None, team: str | None = None) -> CycleResult:
+    """Run (or resume) one cycle of the global policy, or of `team`'s; `force=False` (the scheduler) skips it below
+    `min_new_sessions` new sessions. A cycle a crash left running is resumed first, whichever policy it trains."""
     reg = parts.registry
     cycle = reg.running_cycle()
     if cycle is not None:
-        say(f"resuming {cycle.cycle_id} after stage {cycle.stage}")
+        say(f"resuming {cycle.cycle_id}{_of(cycle.team)} after stage {cycle.stage}")
     else:
-        cycle = reg.start_cycle(trigger, parts.log.now())
+        cycle = reg.start_cycle(trigger, parts.log.now(), team=team)
     # One span per cycle with a span per phase (issue 36), and the cycle counted by outcome when it ends.
-    with telemetry.cycle_span(cycle.cycle_id, parent_version=reg.live().name) as span:
+    with telemetry.cycle_span(cycle.cycle_id, parent_version=reg.live(cycle.team).name) as span:
         telemetry.set_attrs(span, {"rubricem.cycle.trigger": trigger, "rubricem.cycle.resumed_after": (
             cycle.stage if cycle.stage != "start" else None)})
         try:
@@ -98,28 +104,34 @@ async def retrain(parts: RetrainParts, cfg: RetrainConfig, *, trigger: str = "cl
     return result
 
 
+def _of(team: str | None) -> str:
+    return "" if team is None else f" (team {team})"
+
+
 async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: bool, say: Say) -> CycleResult:
     reg = parts.registry
-    sessions = reg.sessions_in_window(cycle.window_start, cycle.window_end)
+    team = cycle.team
+    sessions = reg.sessions_in_window(cycle.window_start, cycle.window_end, team=team)
     if cycle.stage == "start":
         if not force and len(sessions) < cfg.min_new_sessions:
             done = reg.finish_cycle(cycle.cycle_id, "skipped", numbers={"new_sessions": len(sessions)},
-                                    error=f"{len(sessions)} new session(s) < min_new_sessions {cfg.min_new_sessions}")
+                                    error=f"{len(sessions)} new session(s){_of(team)} < min_new_sessions "
+                                          f"{cfg.min_new_sessions}")
             return CycleResult(done, None, None, done.error or "skipped")
         began = time.monotonic()
         with telemetry.phase_span("judge"):
             judged = await judge_pending(parts.log, parts.judge, progress=say)
         cycle = reg.advance_cycle(cycle.cycle_id, "judged", numbers={
             "new_sessions": len(sessions), "judged": judged.judged, "judge_failures": judged.failed,
-            "skipped_sessions": reg.skipped_in_window(cycle.window_start, cycle.window_end),  # no consent / opted out
+            "skipped_sessions": reg.skipped_in_window(cycle.window_start, cycle.window_end, team=team),
             "judge_seconds": round(time.monotonic() - began, 1)})
-    live = reg.live()
+    live = reg.live(team)  # a team without a version of its own starts from the global live one
     if cycle.stage == "judged":
         questions = training_questions(parts.log, sessions, parts.seed_questions, parts.heldout, say)
         if len(questions) < 2:
             done = reg.finish_cycle(cycle.cycle_id, "skipped", error=f"only {len(questions)} distinct question(s)")
             return CycleResult(done, None, None, done.error or "skipped")
-        say(f"training from {live.name} on {len(questions)} question(s)")
+        say(f"training{_of(team)} from {live.name} on {len(questions)} question(s)")
         with telemetry.phase_span("train"):
             if cfg.sleep_policy_server and parts.sleep is not None:
                 await parts.sleep()  # one GPU: the server's weights and KV cache leave GPU memory while we train
@@ -134,7 +146,7 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
             "train_seconds": round(time.monotonic() - began, 1)})
     if cycle.stage == "trained":
         staged = _stage_adapter(Path(cycle.numbers["trained_adapter"]), parts.adapters_dir, cycle.cycle_id)
-        version = reg.register(staged, parent=live.name, training_run=cycle.cycle_id,
+        version = reg.register(staged, parent=live.name, training_run=cycle.cycle_id, team=team,
                                data_window={"start": cycle.window_start, "end": cycle.window_end,
                                             "sessions": len(sessions)})
         cycle = reg.advance_cycle(cycle.cycle_id, "registered", candidate=version.name)
@@ -148,7 +160,10 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
         return CycleResult(done, candidate.name, None, f"{candidate.name} rejected: {problem}")
     began = time.monotonic()
     with telemetry.phase_span("gate"):
-        gate = await _gate(parts, cfg, candidate, live)
+        gate = await _gate(parts, cfg, candidate, live, parts.probe_questions)
+        if team is not None:  # the team's own recent questions, then the global set as a no-regression check
+            own = recent_questions(parts.log, sessions, parts.heldout, len(parts.probe_questions))
+            gate = team_gate(await _gate(parts, cfg, candidate, live, own), gate) if own else gate
     reg.set_eval_report(candidate.name, gate.as_dict())
     cycle = reg.advance_cycle(cycle.cycle_id, "evaluated", numbers={
         "candidate_score": gate.candidate.total, "live_score": gate.live.total,
@@ -164,14 +179,28 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
     return CycleResult(done, candidate.name, gate, f"{candidate.name} promoted: {gate.reason}")
 
 
-async def _gate(parts: RetrainParts, cfg: RetrainConfig, candidate: PolicyVersion, live: PolicyVersion) -> GateReport:
+async def _gate(parts: RetrainParts, cfg: RetrainConfig, candidate: PolicyVersion, live: PolicyVersion,
+                questions: Sequence[str]) -> GateReport:
     seed = 20_261_123
     scores = []
     for version in (candidate, live):
         probe = await parts.probe_for(version)
-        scores.append(await score_version(version.name, probe, parts.gate_judge, parts.probe_questions,
-                                          cfg.probe_samples, seed))
+        scores.append(await score_version(version.name, probe, parts.gate_judge, questions, cfg.probe_samples, seed))
     return decide(scores[0], scores[1], cfg.tolerance, parts.gate_judge.model or parts.gate_judge.kind)
+
+
+def recent_questions(log: SessionLog, sessions: Sequence[str], heldout: Mapping[str, str], n: int) -> list[str]:
+    """A team gate's own probe set: the newest `n` distinct questions of the team's window (held-out ones left out,
+    as in training). They were trained on too: the gate asks whether the candidate answers the team's questions
+    better than the version the team is served now, and the global probe set checks it did not get worse at large."""
+    out: list[str] = []
+    for sid in reversed(sessions):  # the window is oldest first
+        q = log.get(sid).question
+        if q not in out and normalize_question(q) not in heldout:
+            out.append(q)
+        if len(out) >= n:
+            break
+    return out
 
 
 def training_questions(log: SessionLog, sessions: Sequence[str], seed: Sequence[str], heldout: Mapping[str, str],

@@ -124,15 +124,19 @@ def subject_sha(user_id: str) -> str:
     return sha256_text("rubricem-user:" + check_user_id(user_id))
 
 
-def _learned(conn: Connection, owner: str) -> list[str]:
-    """When each of their learnable sessions finished (what a training window is matched against)."""
-    return [str(r[0]) for r in conn.execute(
-        "SELECT finished_at FROM sessions WHERE owner = ? AND status = 'completed' AND training_opt_out = 0 "
+def _learned(conn: Connection, owner: str) -> list[tuple[str, str | None]]:
+    """When each of their learnable sessions finished, and its team (what a training window is matched against)."""
+    return [(str(r[0]), None if r[1] is None else str(r[1])) for r in conn.execute(
+        "SELECT finished_at, team FROM sessions WHERE owner = ? AND status = 'completed' AND training_opt_out = 0 "
         "AND finished_at IS NOT NULL", (owner,)).fetchall()]
 
 
-def _in_window(learned: Sequence[str], start: str | None, end: str | None) -> bool:
-    return end is not None and any((start or "") < f <= end for f in learned)
+def _in_window(learned: Sequence[tuple[str, str | None]], start: str | None, end: str | None,
+               team: str | None = None) -> bool:
+    """Whether a training window held one of their sessions. A team's window (issue 49) holds only that team's
+    sessions; the global policy's window counts every session, a team's included (conservative: the team may have
+    shared its sessions with the global policy when that cycle ran)."""
+    return end is not None and any((start or "") < f <= end and (team is None or t == team) for f, t in learned)
 
 
 def _run_questions(runs_dir: Path, cycle_id: str) -> set[str]:
@@ -152,30 +156,32 @@ def _run_questions(runs_dir: Path, cycle_id: str) -> set[str]:
     return found
 
 
-def _affected_cycles(conn: Connection, learned: Sequence[str], questions: set[str], runs_dir: Path | None) -> list[str]:
+def _affected_cycles(conn: Connection, learned: Sequence[tuple[str, str | None]], questions: set[str],
+                     runs_dir: Path | None) -> list[str]:
     """Cycles whose window held their learnable sessions, or whose run folder names one of their questions."""
     hit = []
-    for cycle_id, start, end in conn.execute(
-            "SELECT cycle_id, window_start, window_end FROM retrain_cycles WHERE status != 'skipped'").fetchall():
-        if _in_window(learned, start, end) or (
+    for cycle_id, start, end, team in conn.execute(
+            "SELECT cycle_id, window_start, window_end, team FROM retrain_cycles WHERE status != 'skipped'").fetchall():
+        if _in_window(learned, start, end, team) or (
                 runs_dir is not None and questions and questions & _run_questions(runs_dir, str(cycle_id))):
             hit.append(str(cycle_id))
     return sorted(hit)
 
 
-def _affected_versions(conn: Connection, learned: Sequence[str], cycles: Sequence[str]) -> list[str]:
-    versions = conn.execute("SELECT name, parent, data_window_json, training_run FROM policy_versions").fetchall()
+def _affected_versions(conn: Connection, learned: Sequence[tuple[str, str | None]],
+                       cycles: Sequence[str]) -> list[str]:
+    versions = conn.execute("SELECT name, parent, data_window_json, training_run, team FROM policy_versions").fetchall()
     # Conservative: a window that held any of their learnable sessions counts, whatever their consent was then; so
     # does a version a cycle that held their data trained (one still running when the deletion commits included).
     hit: set[str] = set()
-    for name, _parent, window_json, run in versions:
+    for name, _parent, window_json, run, team in versions:
         window = json.loads(window_json or "{}")
-        if _in_window(learned, window.get("start"), window.get("end")) or (run and str(run) in cycles):
+        if _in_window(learned, window.get("start"), window.get("end"), team) or (run and str(run) in cycles):
             hit.add(str(name))
     grew = True
-    while grew:  # a version trained from a marked one carries what its parent learned
-        grew = False
-        for name, parent, _, _ in versions:
+    while grew:  # a version trained from a marked one carries what its parent learned (a team's first version
+        grew = False  # starts from the global one)
+        for name, parent, *_ in versions:
             if parent in hit and name not in hit:
                 hit.add(str(name))
                 grew = True

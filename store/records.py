@@ -200,6 +200,7 @@ class SessionRecord:
     training_opt_out: bool = False
     owner: str = "local"  # who asked: an account name, an OIDC e-mail or subject, or "local"
     policy_model: str | None = None  # the served model's name ("embedded" in-process); None before migration 0012
+    team: str | None = None  # the owner's team when it started (migration 0013, issue 49); None: the global policy
 
 
 def normalise_question(question: str) -> str:

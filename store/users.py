@@ -48,6 +48,7 @@ class UserRecord:
     role: UserRole
     consent: bool | None  # None: the deployment default applies
     created_at: str
+    team: str | None = None  # migration 0013: their team (store.teams), None for the global policy
 
 
 def check_user_id(user_id: object) -> str:
@@ -155,11 +156,11 @@ class Users:
         """Raises UnknownUser."""
         uid = check_user_id(user_id)
         with self.log.transaction(write=False) as conn:
-            row = conn.execute("SELECT user_id, kind, role, consent, created_at FROM users WHERE user_id = ?",
+            row = conn.execute("SELECT user_id, kind, role, consent, created_at, team FROM users WHERE user_id = ?",
                                (uid,)).fetchone()
         if row is None:
             raise UnknownUser(uid)
-        return UserRecord(row[0], row[1], row[2], None if row[3] is None else bool(row[3]), row[4])
+        return UserRecord(row[0], row[1], row[2], None if row[3] is None else bool(row[3]), row[4], row[5])
 
     def find(self, user_id: str) -> UserRecord | None:
         """The person, or None."""
@@ -171,9 +172,9 @@ class Users:
     def list(self) -> list[UserRecord]:
         """Everyone, by id."""
         with self.log.transaction(write=False) as conn:
-            rows = conn.execute("SELECT user_id, kind, role, consent, created_at FROM users "
+            rows = conn.execute("SELECT user_id, kind, role, consent, created_at, team FROM users "
                                 "ORDER BY user_id").fetchall()
-        return [UserRecord(r[0], r[1], r[2], None if r[3] is None else bool(r[3]), r[4]) for r in rows]
+        return [UserRecord(r[0], r[1], r[2], None if r[3] is None else bool(r[3]), r[4], r[5]) for r in rows]
 
     def remove(self, user_id: str) -> None:
         """Delete the account (their sessions stay, until `delete_user_data`). Raises UnknownUser."""

@@ -1,5 +1,6 @@
-"""LoRA adapter folders made from the shipped SFT adapter for the real-vLLM tests: another rank, or LoRA matrices
-shaped for another base model (a load that must fail), all-zero so they serve exactly the base model's outputs."""
+"""LoRA adapter folders made from the shipped SFT adapter: for the real-vLLM tests another rank, or LoRA matrices
+shaped for another base model (a load that must fail), all-zero so they serve exactly the base model's outputs; for
+the embedded engines a scaled copy (another adapter of the same shape)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,17 @@ def reshaped_adapter(src: Path, dest: Path, rank: int | None = None, hidden: int
                        torch.zeros(hidden, v.shape[1], dtype=v.dtype)) for k, v in weights.items()}
     (dest / "adapter_config.json").write_text(json.dumps(cfg))
     save_file(weights, str(dest / "adapter_model.safetensors"))
+    return dest
+
+
+def scaled_adapter(src: Path, dest: Path, factor: float) -> Path:
+    """A copy of `src` with every LoRA B multiplied by `factor`: another adapter of the same shape, other outputs."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dest)
+    weights = load_file(str(dest / "adapter_model.safetensors"))
+    save_file({k: (v * factor if "lora_B" in k else v).contiguous() for k, v in weights.items()},
+              str(dest / "adapter_model.safetensors"))
     return dest
 
 

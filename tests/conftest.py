@@ -255,7 +255,10 @@ def real_vllm(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
         yield LocalVLLMServer(VLLMServerSpec(model_dir=smollm2_dir, port=int(port)))  # not ours to stop
         return
-    server = start_real_vllm(smollm2_dir, tmp_path_factory.mktemp("vllm"))
+    # Two adapters in one batch (teams' sessions at once, issue 49; production's compose file runs at least two), and
+    # each generation request logged with the adapter that served it (its parameters only, never the prompt).
+    server = start_real_vllm(smollm2_dir, tmp_path_factory.mktemp("vllm"), max_loras=2,
+                             extra_args=("--enable-log-requests",))
     yield server
     server.stop()  # type: ignore[attr-defined]
 

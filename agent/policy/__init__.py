@@ -5,12 +5,13 @@ the typed errors of `agent.errors`. Pure httpx; no torch.
 
 Modules: `transport` (the shared httpx transport, retries and error mapping), `completions` (argument checks and
 response parsing both servers share), `vllm` (`VLLMPolicyClient`), `replicas` (`ReplicaSet`: several vLLM replicas
-of one policy, with failover and all-or-nothing adapter loads) and `llamacpp` (`LlamaCppPolicyClient`,
-`render_chatml`).
+of one policy, with failover and all-or-nothing adapter loads), `llamacpp` (`LlamaCppPolicyClient`,
+`render_chatml`) and `pinned` (`PinnedPolicy`: one session's view of a shared client, pinned to one version).
 """
 
 from agent.policy.completions import check_generate_args
 from agent.policy.llamacpp import SMOLLM2_DEFAULT_SYSTEM, LlamaCppPolicyClient, render_chatml
+from agent.policy.pinned import PinnedPolicy
 from agent.policy.replicas import ReplicaSet, redact_url
 from agent.policy.vllm import SLEEP_MODES, VLLM_MAX_STOP_STRINGS, VLLM_RUNTIME_LORA_ENV, VLLMPolicyClient
 
@@ -20,6 +21,7 @@ __all__ = [
     "VLLM_MAX_STOP_STRINGS",
     "VLLM_RUNTIME_LORA_ENV",
     "LlamaCppPolicyClient",
+    "PinnedPolicy",
     "ReplicaSet",
     "VLLMPolicyClient",
     "check_generate_args",

@@ -18,7 +18,7 @@ from agent.policy.completions import (
     smallest_spelling_prefix,
 )
 from agent.policy.transport import HTTPPolicyBase
-from agent.protocols import ChatMessage, Generation, PromptContext
+from agent.protocols import ChatMessage, Generation, PromptContext, Served
 
 SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -107,8 +107,12 @@ class LlamaCppPolicyClient(HTTPPolicyBase):
         max_tokens: int,
         temperature: float,
         seed: int | None = None,
+        served: Served | None = None,
     ) -> Generation:
         """Sample a continuation of `context.text` (the server takes no token ids).
+
+        `served` pins this request to one version: `served.model` is sent as `model` (and recorded as the
+        Generation's `policy_version`) instead of the client's current alias, which stays as it is.
 
         Raises:
             ValueError: an empty prompt or stop string, bad numbers.
@@ -117,7 +121,7 @@ class LlamaCppPolicyClient(HTTPPolicyBase):
         stops = list(check_generate_args(stop, max_tokens, temperature))
         if not context.text:
             raise ValueError("generate needs a non-empty prompt text (the llama.cpp server takes no token ids)")
-        alias = self._model
+        alias = self._alias(served)
         body: dict[str, Any] = {
             "model": alias,
             "prompt": context.text,

@@ -48,7 +48,7 @@ from agent.errors import (
     ReplicaError,
 )
 from agent.policy.vllm import VLLM_RUNTIME_LORA_ENV, VLLMPolicyClient
-from agent.protocols import ChatMessage, Generation, PromptContext
+from agent.protocols import ChatMessage, Generation, PromptContext, Served
 from agent.retry import jittered_backoff
 
 if TYPE_CHECKING:
@@ -213,15 +213,19 @@ class ReplicaSet:
         max_tokens: int,
         temperature: float,
         seed: int | None = None,
+        served: Served | None = None,
     ) -> Generation:
         """Sample on the session's replica, or on another one if it fails before answering.
+
+        `served` pins the request to one version on whichever replica answers it (`VLLMPolicyClient.generate`); a
+        replica that lacks that adapter answers 404 and the request fails over like any other 404.
 
         Raises:
             As `VLLMPolicyClient.generate`; when no replica could answer, the error of the last failure, naming each
             replica and why it failed.
         """
         return await self._serve("generate", lambda c: c.generate(
-            context, stop=stop, max_tokens=max_tokens, temperature=temperature, seed=seed))
+            context, stop=stop, max_tokens=max_tokens, temperature=temperature, seed=seed, served=served))
 
     async def aclose(self) -> None:
         """Close every replica's connection pool. Idempotent."""

@@ -25,6 +25,7 @@ from agent.retry import jittered_backoff, retry_after_seconds
 
 if TYPE_CHECKING:
     from agent.config import AgentConfig
+    from agent.protocols import Served
 
 log = logging.getLogger("agent.policy")  # one logger for the whole client package, named as before the split
 
@@ -82,6 +83,14 @@ class HTTPPolicyBase:
     def model(self) -> str:
         """The served model/adapter alias."""
         return self._model
+
+    def _alias(self, served: Served | None) -> str:
+        """The name one request is sent as `model`: the session's pinned one, else the client's current alias.
+
+        Why per request: several sessions share one client, and `set_model` is global; a session pinned to its own
+        version (`Served`) must never be answered by another session's adapter.
+        """
+        return served.model if served is not None else self._model
 
     def set_model(self, alias: str) -> None:
         """Switch the served alias for later requests (a request in flight keeps the alias it started with)."""

@@ -21,7 +21,7 @@ from agent.policy.completions import (
     smallest_spelling_prefix,
 )
 from agent.policy.transport import HTTPPolicyBase, error_details
-from agent.protocols import ChatMessage, Generation, PromptContext
+from agent.protocols import ChatMessage, Generation, PromptContext, Served
 
 log = logging.getLogger("agent.policy")  # one logger for the whole client package, named as before the split
 
@@ -116,8 +116,12 @@ class VLLMPolicyClient(HTTPPolicyBase):
         max_tokens: int,
         temperature: float,
         seed: int | None = None,
+        served: Served | None = None,
     ) -> Generation:
         """Sample a continuation of `context` (sent as token ids; as text only when it has no ids).
+
+        `served` pins this request to one version: `served.model` is sent as `model` (and recorded as the
+        Generation's `policy_version`) instead of the client's current alias, which stays as it is.
 
         Raises:
             ValueError: more than 4 stop strings (vLLM's limit), an empty stop string or prompt, bad numbers.
@@ -132,7 +136,7 @@ class VLLMPolicyClient(HTTPPolicyBase):
             raise ValueError("generate needs a non-empty prompt")
         if self._max_model_len is not None and isinstance(prompt, list) and len(prompt) >= self._max_model_len:
             raise ContextTooLong(f"prompt has {len(prompt)} tokens; the served context window is {self._max_model_len}")
-        alias = self._model  # the alias this request is served by, even if set_model() runs meanwhile
+        alias = self._alias(served)  # the alias this request is served by, even if set_model() runs meanwhile
         body: dict[str, Any] = {
             "model": alias,
             "prompt": prompt,

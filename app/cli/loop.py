@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from app.settings import Settings
 
+from store.registry import LIVE
+
 if TYPE_CHECKING:
     from store.registry import AliasChange
 
@@ -21,7 +23,7 @@ def cmd_retrain(args: argparse.Namespace) -> int:
 
     if not args.now:
         raise ValueError("retrain runs one cycle immediately: pass --now (use `rubricem scheduler` for periodic runs)")
-    result = asyncio.run(run_cycle(Settings(), trigger="cli", force=True, say=Progress().say))
+    result = asyncio.run(run_cycle(Settings(), trigger="cli", force=True, say=Progress().say, team=args.team))
     print(f"{result.cycle.cycle_id}: {result.cycle.status} — {result.message}")
     if result.gate is not None:
         print(f"  probe score: candidate {result.gate.candidate.total:.4f} vs live {result.gate.live.total:.4f} "
@@ -36,24 +38,33 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
     from store.deletion import versions_trained_on_deleted_data
 
+    from store.teams import Teams
+
     log = SessionLog.from_config(Settings().store)
     reg = Registry(log)
     live = reg.live().name
+    teams = Teams(log).list()
+    serving = {live} | {t.live_version for t in teams if t.live_version}
     deleted = versions_trained_on_deleted_data(log)
     for v in reg.versions():
-        mark = "*" if v.name == live else " "
+        mark = "*" if v.name in serving else " "
         score = (v.eval_report or {}).get("candidate", {}).get("total")
         # Data deleted later is still inside the adapter; the mark says so (README: People, privacy and consent).
         gone = f"  [trained on data deleted later: {deleted[v.name]} deletion(s)]" if v.name in deleted else ""
         print(f"{mark} {v.name:<12} {v.status:<9} parent {v.parent or '-':<10} {v.created_at[:19]}  "
               f"{'probe ' + format(score, '.4f') if score is not None else '':<13} {v.reason or ''}{gone}")
+    if teams:
+        print("\nteams (a team without a version of its own is served the global live version):")
+        for t in teams:
+            print(f"  {t.name:<16} {t.live_version or 'global (' + live + ')'}")
     print("\nalias moves:")
-    for h in reg.history(limit=args.limit):
-        print(f"  {h.created_at[:19]}  {h.action:<8} {h.previous or '-'} -> {h.version}  {h.reason}")
+    moves = [*reg.history(limit=args.limit), *(h for t in teams for h in reg.history(limit=args.limit, team=t.name))]
+    for h in sorted(moves, key=lambda h: h.created_at, reverse=True)[:args.limit]:
+        print(f"  {h.created_at[:19]}  {h.alias:<12} {h.action:<8} {h.previous or LIVE} -> {h.version}  {h.reason}")
     print("\ncycles:")
     for c in reg.cycles(limit=args.limit):
-        print(f"  {c.started_at[:19]}  {c.cycle_id}  {c.trigger:<9} {c.status:<9} {c.candidate or '-':<10} "
-              f"{c.error or c.numbers.get('reason', '')}")
+        print(f"  {c.started_at[:19]}  {c.cycle_id}  {c.trigger:<9} {c.status:<9} {c.team or 'global':<12} "
+              f"{c.candidate or '-':<14} {c.error or c.numbers.get('reason', '')}")
     return 0
 
 
@@ -67,7 +78,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
     settings = Settings()
     reg = Registry(SessionLog.from_config(settings.store))
     with cycle_lock(settings.store):  # one move of `live` at a time: a second promotion (or a cycle) is refused
-        version, old = reg.get(args.version), reg.live()
+        version = reg.get(args.version)
+        old = reg.live(version.team)  # a team's version moves that team's alias only
         change = asyncio.run(_move_live(settings, version, old,
                                         lambda: reg.promote(version.name, args.reason or "promoted by hand")))
     print(f"live: {change.previous} -> {change.version}")
@@ -86,9 +98,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     reg = Registry(SessionLog.from_config(settings.store))
     reason = args.reason or "rolled back by hand"
     with cycle_lock(settings.store):  # as promote: one move of `live` at a time
-        current = reg.live()
-        target = rollback_target(reg)
-        change = asyncio.run(_move_live(settings, target, current, lambda: reg.rollback(reason)))
+        current = reg.live(args.team)
+        target = rollback_target(reg, args.team)  # a team's first version rolls back to the global policy
+        change = asyncio.run(_move_live(settings, target, current, lambda: reg.rollback(reason, team=args.team)))
     print(f"live: {change.previous} -> {change.version}")
     return 0
 
@@ -103,11 +115,14 @@ async def _move_live(settings: Settings, new: Any, old: Any, flip: Callable[[], 
     if settings.agent.policy_backend != "vllm":
         return flip()
     from app.container import build_policy
-    from app.retrain import prepare_live, unload_stale
+    from app.retrain import live_names, prepare_live, unload_stale
+    from store.registry import Registry
+    from store.session_log import SessionLog
 
     policy: Any = build_policy(settings)
     try:
-        stale = await prepare_live(policy, settings, new, old)
+        stale = await prepare_live(policy, settings, new, old,
+                                   live_names(Registry(SessionLog.from_config(settings.store))))
         change = flip()
         if stale:
             grace = settings.learning.retrain.unload_grace_s
@@ -142,6 +157,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     """Register the loop commands on the main parser."""
     rt = sub.add_parser("retrain", help="judge new sessions, train from the live version, gate and promote")
     rt.add_argument("--now", action="store_true", help="run one cycle now (resumes a crashed one)")
+    rt.add_argument("--team", help="train this team's policy on its own sessions (default: the global policy)")
     rt.set_defaults(func=cmd_retrain)
     vs = sub.add_parser("versions", help="policy versions, the live alias, alias moves and retraining cycles")
     vs.add_argument("--limit", type=int, default=10)
@@ -152,6 +168,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     pr.set_defaults(func=cmd_promote)
     rb = sub.add_parser("rollback", help="make the previously live version live again")
     rb.add_argument("--reason")
+    rb.add_argument("--team", help="roll back this team's policy only (its first version goes back to the global one)")
     rb.set_defaults(func=cmd_rollback)
     sc = sub.add_parser("scheduler", help="run retraining cycles on the configured schedule")
     sc.set_defaults(func=cmd_scheduler)

@@ -181,6 +181,11 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     print(f"created   {rec.created_at}\nfinished  {rec.finished_at or '-'}")
     print(f"source    {rec.source}{' (never trained on)' if rec.training_opt_out else ''}")
     print(f"owner     {rec.owner}")
+    if rec.team is not None:  # issue 49: the owner's team as the session started, whose policy served it
+        print(f"team      {rec.team}")
+    serving = rec.metrics.get("serving")
+    if isinstance(serving, dict) and serving.get("warning"):  # the team's own version could not serve it
+        print(f"serving   {serving['warning']}")
     if rec.error:
         print(f"error     {rec.error}")
     print(f"turns     {len(traj.turns)} ({sum(len(t.token_ids) for t in traj.turns)} tokens, "

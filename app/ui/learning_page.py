@@ -91,6 +91,18 @@ def _cost_cells(u: UsageTotals | None) -> dict[str, object]:
             "judge tokens": u.judge_prompt_tokens + u.judge_completion_tokens, "cost": format_cost(u.total_cost)}
 
 
+def _visible_teams() -> set[str] | None:
+    """Whose team versions and cycles this visitor sees (issue 49): admins every team's, a person their own team's
+    (SECURITY.md, Teams)."""
+    viewer = state.viewer()
+    if viewer.admin:
+        return None
+    from store.teams import Teams
+
+    team = Teams(state.services().log).team_of(viewer.user_id)
+    return set() if team is None else {team}
+
+
 def page() -> None:
     """The learning page."""
     svc = state.services()
@@ -117,11 +129,13 @@ def page() -> None:
 
     st.subheader("Policy versions")
     deleted = versions_trained_on_deleted_data(svc.log)  # what an adapter learned cannot be deleted from it
+    teams = _visible_teams()
     st.dataframe(pd.DataFrame([{
-        "version": v.name, "live": "●" if v.live else "", "status": v.status, "parent": v.parent or "",
+        "version": v.name, "team": v.team or "", "live": "●" if v.live else "", "status": v.status,
+        "parent": v.parent or "",
         "held-out score": v.eval_total, "live score": v.eval_live_total, "reason": v.reason or "",
         "trained on deleted data": "yes" if v.name in deleted else "",
-        "created": v.created_at[:19]} for v in dashboard.version_rows(svc.registry)]), hide_index=True)
+        "created": v.created_at[:19]} for v in dashboard.version_rows(svc.registry, teams)]), hide_index=True)
 
     st.subheader("Promotions and rollbacks")
     history = dashboard.alias_history(svc.registry)
@@ -130,7 +144,7 @@ def page() -> None:
                  hide_index=True)
 
     st.subheader("Retraining cycles")
-    cycles = dashboard.cycle_rows(svc.registry)
+    cycles = dashboard.cycle_rows(svc.registry, teams=teams)
     if not cycles:
         st.caption("No cycles yet.")
     else:

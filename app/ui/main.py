@@ -1,4 +1,5 @@
-"""Streamlit entry script of `rubricem ui`: the login gate, then the research chat and the learning pages."""
+"""Streamlit entry script of `rubricem ui`: the login gate, then the research chat and the learning pages (and, for
+admins, the teams page)."""
 
 from __future__ import annotations
 
@@ -118,14 +119,17 @@ def main() -> None:
     st.set_page_config(page_title="rubricem research", page_icon="🔬", layout="wide")
     if not _login():
         st.stop()
-    from app.ui import chat_page, learning_page  # after the gate: nothing loads before a login
+    from app.ui import chat_page, learning_page, teams_page  # after the gate: nothing loads before a login
 
     if access_policy(_host(), state.settings().ui, accounts=state.has_accounts()).login_required:
         _logout_box()
-    nav = st.navigation([
+    pages = [
         st.Page(chat_page.page, title="Research", icon="🔬", url_path="research", default=True),
         st.Page(learning_page.page, title="Learning", icon="📈", url_path="learning"),
-    ])
+    ]
+    if state.viewer().admin:  # teams decide whose sessions train which policy: admins only (the page checks too)
+        pages.append(st.Page(teams_page.page, title="Teams", icon="👥", url_path="teams"))
+    nav = st.navigation(pages)
     nav.run()
 
 

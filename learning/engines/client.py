@@ -6,7 +6,9 @@ request the same way (same token ids, same sampler, same errors) so that either 
 trainer. A subclass says how to prefill, step, score, close and swap adapters; everything a caller sees is here.
 
 Both hold one lock for a whole request, run it in a worker thread (`asyncio.to_thread`), and take the same lock for
-an adapter swap, so a request in progress finishes on the old weights and the next one uses the new ones.
+an adapter swap, so a request in progress finishes on the old weights and the next one uses the new ones. The lock is
+reentrant so that a request pinned to a version (`generate(..., served=...)`, issue 49) can hold it across the swap
+and the generation: no other session's request can slip in between and be answered by the wrong adapter.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from agent.errors import ContextTooLong, PolicyUnavailable
 from agent.policy import check_generate_args
-from agent.protocols import ChatMessage, Generation, PromptContext
+from agent.protocols import ChatMessage, Generation, PromptContext, Served
 
 
 class AdapterLoadError(ValueError):
@@ -47,7 +49,9 @@ class EmbeddedClient:
     _max_context: int | None
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Reentrant: a pinned request holds it across `load_adapter`/`unload_adapter` and `_generate_locked`, which
+        # take it again themselves (module docstring).
+        self._lock = threading.RLock()
         self._closed = False
 
     @property
@@ -67,8 +71,16 @@ class EmbeddedClient:
 
     @property
     def busy(self) -> bool:
-        """True while a request or an adapter swap holds the model."""
-        return self._lock.locked()
+        """True while a request or an adapter swap holds the model.
+
+        An `RLock` has no `locked()` before Python 3.14, so this tries to take it without waiting. Asked from the
+        thread that holds it, it reads False (the lock is reentrant); callers ask from the event loop while a worker
+        thread holds it.
+        """
+        if self._lock.acquire(blocking=False):
+            self._lock.release()
+            return False
+        return True
 
     async def render_prompt(self, messages: Sequence[ChatMessage]) -> PromptContext:
         """Apply the model's chat template with the assistant generation prompt and tokenize the result.
@@ -93,7 +105,7 @@ class EmbeddedClient:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=False)
 
     async def generate(self, context: PromptContext, *, stop: Sequence[str], max_tokens: int, temperature: float,
-                       seed: int | None = None) -> Generation:
+                       seed: int | None = None, served: Served | None = None) -> Generation:
         """Sample a continuation of `context.token_ids` until a stop string, EOS or `max_tokens`.
 
         Args:
@@ -102,13 +114,22 @@ class EmbeddedClient:
             max_tokens: at most this many new tokens (clamped to what fits the context window).
             temperature: 0 for greedy decoding, else the sampling temperature (top-p = 1, no top-k).
             seed: sampling seed; the same seed, prompt and weights give the same continuation.
+            served: the version this request must be answered by (one session's pin on a shared client). Holding the
+                model lock for the whole call, the worker first loads `served.adapter` as `served.version` (or goes
+                back to the base weights when it is None) unless that version is already loaded, then generates;
+                the adapter stays loaded afterwards. None: whatever version is loaded.
 
         Raises:
             ValueError: bad arguments. ContextTooLong: the prompt fills the model's context window.
             PolicyUnavailable: the client was closed.
+            AdapterLoadError: `served.adapter` could not be loaded; nothing was generated and the weights loaded
+                before the call still serve.
         """
         prompt, stops, max_tokens = await self._prepare(context, stop, max_tokens, temperature)
-        return await asyncio.to_thread(self._generate_locked, prompt, stops, max_tokens, float(temperature), seed)
+        if served is None:
+            return await asyncio.to_thread(self._generate_locked, prompt, stops, max_tokens, float(temperature), seed)
+        return await asyncio.to_thread(self._generate_served, served, prompt, stops, max_tokens, float(temperature),
+                                       seed)
 
     async def generate_group(self, context: PromptContext, n: int, *, stop: Sequence[str], max_tokens: int,
                              temperature: float, seeds: Sequence[int | None] | None = None) -> list[Generation]:
@@ -173,6 +194,20 @@ class EmbeddedClient:
         return Generation(text=self.decode(ids), token_ids=tuple(ids), logprobs=tuple(logprobs),
                           finish_reason=reason, stop=stop, policy_version=version,  # type: ignore[arg-type]
                           token_source="server")
+
+    def _generate_served(self, served: Served, prompt: tuple[int, ...], stops: tuple[str, ...], max_tokens: int,
+                         temperature: float, seed: int | None) -> Generation:
+        """`_generate_locked` on `served`'s version, with the swap and the generation under one hold of the lock,
+        so that no other request runs between them (another session's swap would put its adapter under our tokens).
+        """
+        with self._lock:
+            self._check_open()
+            if served.version != self.policy_version:
+                if served.adapter is None:
+                    self.unload_adapter()
+                else:
+                    self.load_adapter(served.adapter, served.version)  # AdapterLoadError: the old weights stay
+            return self._generate_locked(prompt, stops, max_tokens, temperature, seed)
 
     # -- what each engine implements -----------------------------------------------------------------------------
 

@@ -274,9 +274,11 @@ class SessionsMixin(SessionLogBase):
             conn.execute(
                 "INSERT INTO sessions (session_id, question, policy_version, options_json, prompt_text, "
                 "prompt_token_ids, prompt_sha, source, training_opt_out, owner, policy_model, status, created_at, "
-                "updated_at, heartbeat_at, lease_until, lease_owner) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
-                (*values, now, now, now, until, process_lease_owner()),
+                "updated_at, heartbeat_at, lease_until, lease_owner, team) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, "
+                # the owner's team as the session starts (issue 49), read in this transaction; it never changes
+                "(SELECT u.team FROM users u WHERE u.user_id = ?))",
+                (*values, now, now, now, until, process_lease_owner(), who),
             )
         return sid
 
@@ -549,7 +551,7 @@ class SessionsMixin(SessionLogBase):
             s = conn.execute(
                 "SELECT question, status, created_at, finished_at, policy_version, options_json, prompt_text, "
                 "prompt_token_ids, prompt_sha, malformed, max_consecutive_tool_errors, injected_bank_items_json, "
-                "report, error, metrics_json, source, training_opt_out, owner, policy_model FROM sessions "
+                "report, error, metrics_json, source, training_opt_out, owner, policy_model, team FROM sessions "
                 "WHERE session_id = ?",
                 (session_id,),
             ).fetchone()
@@ -599,7 +601,7 @@ class SessionsMixin(SessionLogBase):
             session_id=session_id, question=trajectory.question, status=s[1], created_at=s[2], finished_at=s[3],
             policy_version=s[4], options=json.loads(s[5]), trajectory=trajectory, report=opt_text_out(s[12]),
             error=opt_text_out(s[13]), metrics=json.loads(s[14]), source=s[15], training_opt_out=bool(s[16]),
-            owner=s[17], policy_model=s[18],
+            owner=s[17], policy_model=s[18], team=s[19],
         )
 
     def list_sessions(self, limit: int = 50, status: str | None = None,

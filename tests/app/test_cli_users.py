@@ -16,6 +16,7 @@ from store.records import BankItem
 from store.registry import Registry
 from store.rubric_bank import RubricBank
 from store.session_log import ReflectionCandidate
+from store.teams import Teams
 from store.users import Users
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,3 +114,100 @@ def test_no_account_name_is_local_or_mcp_in_other_letters(env: dict[str, str], t
         assert added.returncode == 2 and "other than 'local' and 'mcp'" in added.stderr, (name, added.stderr)
     with SessionLog(tmp_path / "data" / "rubricem.sqlite3") as log:
         assert [u.user_id for u in Users(log).list() if u.kind == "password"] == []
+
+
+def _open(tmp_path: Path) -> SessionLog:
+    return SessionLog(tmp_path / "data" / "rubricem.sqlite3")
+
+
+def test_teams_add_list_assign_share_promote_and_remove(env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 49: `rubricem users team ...` as the operator runs it; bad input is exit 2 with the store's words and
+    nothing written, and a team whose session is running cannot be removed."""
+    with _open(tmp_path) as log:
+        Users(log).add("alice", password="alice's long password")
+        Users(log).add(BOB, kind="oidc")
+    assert rubricem(["users", "team", "list"], env).stdout.strip() == "no teams: everyone is served the global policy"
+    added = rubricem(["users", "team", "add", "law"], env)
+    assert added.returncode == 0, added.stderr
+    assert "added team law (share with the global policy: off" in added.stdout
+    assert rubricem(["users", "team", "add", "research", "--share"], env).returncode == 0
+    for bad in ("Law", "x" * 41, "team:law@1"):
+        refused = rubricem(["users", "team", "add", bad], env)
+        assert refused.returncode == 2 and "a team name is 1-40 characters" in refused.stderr, (bad, refused.stderr)
+        assert "Traceback" not in refused.stderr
+    taken = rubricem(["users", "team", "add", "law"], env)
+    assert taken.returncode == 2 and taken.stderr.strip() == "error: team 'law' already exists"
+    with _open(tmp_path) as log:
+        assert Teams(log).names() == ["law", "research"]  # the bad names wrote nothing
+
+    assert rubricem(["users", "team", "assign", "alice", "law"], env).returncode == 0
+    assert rubricem(["users", "team", "assign", BOB, "law"], env).returncode == 0
+    nobody = rubricem(["users", "team", "assign", "mallory", "law"], env)
+    assert nobody.returncode == 2 and nobody.stderr.strip() == "error: no user 'mallory'"
+    nowhere = rubricem(["users", "team", "assign", "alice", "nope"], env)
+    assert nowhere.returncode == 2 and nowhere.stderr.strip() == "error: no team 'nope'"
+    gone = rubricem(["users", "team", "unassign", "mallory"], env)
+    assert gone.returncode == 2 and gone.stderr.strip() == "error: no user 'mallory'"
+    law, research = rubricem(["users", "team", "list"], env).stdout.splitlines()
+    assert law.split()[0] == "law" and f"members: 2 (alice, {BOB})" in law
+    assert "share: off" in law and law.endswith("live: global (base)")
+    assert research.split()[0] == "research" and "members: 0 (-)" in research and "share: on" in research
+    people = rubricem(["users", "list"], env).stdout.splitlines()
+    assert people[0].startswith("alice") and people[0].endswith("team: law")
+
+    assert "global policy: on" in rubricem(["users", "team", "share", "law", "on"], env).stdout
+    assert rubricem(["users", "team", "share", "research", "off"], env).returncode == 0
+    assert rubricem(["users", "team", "share", "nope", "on"], env).returncode == 2
+    with _open(tmp_path) as log:
+        assert (Teams(log).get("law").share_global, Teams(log).get("research").share_global) == (True, False)
+        adapter = tmp_path / "adapter"
+        adapter.mkdir()
+        (adapter / "adapter_config.json").write_text("{}")
+        registry = Registry(log)
+        version = registry.register(adapter, parent="base", team="law")
+        registry.promote(version.name)
+    law, research = rubricem(["users", "team", "list"], env).stdout.splitlines()
+    assert law.endswith("live: team:law@1") and research.endswith("live: global (base)")
+
+    assert rubricem(["users", "team", "unassign", BOB], env).returncode == 0
+    with _open(tmp_path) as log:
+        assert Teams(log).team_of(BOB) is None
+        sid = log.create_session("q?", PROMPT, {}, "base", owner="alice", source="chat")
+        assert log.get(sid).team == "law"  # stamped from the owner's team as the session starts
+    running = rubricem(["users", "team", "remove", "law"], env)
+    assert running.returncode == 2
+    assert running.stderr.strip() == ("error: team 'law' has 1 running session(s); remove it when they have "
+                                      "ended")
+    with _open(tmp_path) as log:
+        assert Teams(log).get("law").members == ("alice",)  # nothing changed
+        log.finish(sid, "completed", report="r")
+    removed = rubricem(["users", "team", "remove", "law"], env)
+    assert removed.returncode == 0, removed.stderr
+    assert "1 member(s) are back on the global policy" in removed.stdout
+    with _open(tmp_path) as log:
+        assert Teams(log).names() == ["research"] and Teams(log).team_of("alice") is None
+        assert log.get(sid).team == "law"  # its past sessions keep its name
+        assert Registry(log).get(version.name).team == "law"  # its versions stay in the registry
+    again = rubricem(["users", "team", "remove", "law"], env)
+    assert again.returncode == 2 and again.stderr.strip() == "error: no team 'law'"
+
+
+def test_a_person_moved_between_teams_keeps_their_past_sessions_team(env: dict[str, str], tmp_path: Path) -> None:
+    """A session records its owner's team when it starts; moving the person later never moves it (so the team that
+    trained on it, or will, stays the one it was asked in)."""
+    with _open(tmp_path) as log:
+        Users(log).add("alice", password="alice's long password")
+    for team in ("law", "med"):
+        assert rubricem(["users", "team", "add", team], env).returncode == 0
+    sessions: dict[str, str] = {}
+    for step, cmd in (("law", ["assign", "alice", "law"]), ("med", ["assign", "alice", "med"]),
+                      ("none", ["unassign", "alice"])):
+        moved = rubricem(["users", "team", *cmd], env)
+        assert moved.returncode == 0, moved.stderr
+        with _open(tmp_path) as log:
+            sessions[step] = log.create_session(f"{step}?", PROMPT, {}, "base", owner="alice", source="chat")
+            log.finish(sessions[step], "completed", report="r")
+    assert "(was: med)" in moved.stdout
+    with _open(tmp_path) as log:
+        assert {step: log.get(sid).team for step, sid in sessions.items()} == {"law": "law", "med": "med",
+                                                                               "none": None}

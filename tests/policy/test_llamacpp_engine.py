@@ -32,6 +32,7 @@ from agent.errors import ContextTooLong, PolicyUnavailable
 from agent.protocols import ChatMessage, PromptContext
 from learning.engines.client import AdapterLoadError
 from learning.engines.local_policy import TransformersPolicyClient
+from tests.adapters import scaled_adapter
 
 pytest.importorskip("llama_cpp")
 
@@ -48,17 +49,6 @@ GREEDY_PREFIX = 8  # greedy tokens that must agree before the first near-tie may
 
 def _run(coro: Any) -> Any:
     return asyncio.run(coro)
-
-
-def scaled_adapter(src: Path, dest: Path, factor: float) -> Path:
-    """A copy of `src` with every LoRA B multiplied by `factor`: another adapter of the same shape."""
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(src, dest)
-    weights = load_file(str(dest / "adapter_model.safetensors"))
-    save_file({k: (v * factor if "lora_B" in k else v).contiguous() for k, v in weights.items()},
-              str(dest / "adapter_model.safetensors"))
-    return dest
 
 
 @pytest.fixture(scope="module")
