@@ -11,6 +11,8 @@ import asyncio
 import shutil
 from pathlib import Path
 
+import pytest
+
 from agent.config import SHIPPED_SFT_ADAPTER, AgentConfig, RunOptions, StageTokenCaps
 from app.service import ResearchOutcome, ResearchService
 from store.owner import acting_as
@@ -29,6 +31,7 @@ def _sampled_versions(log: SessionLog, sid: str) -> set[str]:
     return {t.policy_version for t in log.get(sid).trajectory.turns if t.kind == "sampled"}
 
 
+@pytest.mark.slow
 def test_sessions_of_two_teams_run_at_once_each_on_its_own_adapter_and_a_missing_one_falls_back(
         smollm2_dir: Path, smollm2_gguf: Path, local_tools: dict[str, object], tmp_path: Path) -> None:
     from learning.engines.llamacpp_engine import EmbeddedLlamaCppClient
