@@ -44,7 +44,14 @@ def deletion_copies(settings: Settings, bank: Any | None) -> Any:
 
     cache = (settings.learning.cache_dir or settings.store.data_dir / "judge-cache") \
         if settings.learning.judge.cache else None
-    return Copies(settings.store.data_dir / "runs", cache, bank)
+    return Copies(settings.store.data_dir / "runs", cache, bank, scratch=gate_scratch(settings))
+
+
+def gate_scratch(settings: Settings) -> tuple[Path, ...]:
+    """The promotion gate's scratch files: its probe sessions and its judge's fresh rubric buffers. A team's gate
+    asks the team's own recent questions (issue 49), so every deletion removes both (`store.deletion.Copies`)."""
+    data = settings.store.data_dir
+    return data / "retrain" / "probes.sqlite3", data / "gate-rubrics.sqlite3"
 
 
 def purge_runs(settings: Settings, log: SessionLog, say: Say = lambda _m: None) -> Any:
@@ -104,6 +111,8 @@ async def prepare_live(policy: Any, settings: Settings, new: PolicyVersion, old:
         raise ConfigurationError(f"the policy server does not list the base model {base!r} "
                                  "(RUBRICEM_AGENT__POLICY_MODEL must be vLLM's --served-model-name)")
     per_replica = await policy.listed() if isinstance(policy, ReplicaSet) else {"": await policy.list_models()}
+    if new.team != old.team:  # a team's first promotion, or its rollback to the global policy: nothing of the
+        return []  # other policy is stale because of it
     keep = {new.name, old.name, base, *serving}
     names = {m for listed in per_replica.values() for m in listed}
     prefix = "policy@" if new.team is None else team_version_name(new.team, 0)[:-1]  # "team:<name>@"
@@ -111,13 +120,17 @@ async def prepare_live(policy: Any, settings: Settings, new: PolicyVersion, old:
 
 
 def live_names(registry: Registry) -> set[str]:
-    """Every version an alias serves now: the global live one and each team's own."""
+    """Every version still serving: the global live one, each team's own, and the versions of sessions still running
+    or paused for approval (a session keeps the version it started on, issue 49, so its adapter must stay loaded)."""
     from store.teams import Teams
 
     names = {registry.live().name}
     for team in Teams(registry.log).list():
         if team.live_version is not None:
             names.add(team.live_version)
+    with registry.log.transaction(write=False) as conn:
+        names |= {str(r[0]) for r in conn.execute(
+            "SELECT DISTINCT policy_version FROM sessions WHERE status = 'running'").fetchall()}
     return names
 
 
@@ -174,7 +187,7 @@ def _held_out_judge(settings: Settings, log: SessionLog) -> Any:
         gate_settings = settings.model_copy(update={"learning": settings.learning.model_copy(update={
             "judge": settings.learning.judge.model_copy(update={"model": model})})})
         # Fresh rubric buffers, not training's: a local scratch file beside the store, whichever backend it uses.
-        gate_log = SessionLog(settings.store.data_dir / "gate-rubrics.sqlite3")
+        gate_log = SessionLog(gate_scratch(settings)[1])
         return LLMJudge(build_judge_client(gate_settings), gate_log,
                         trajectory_chars=settings.learning.judge.trajectory_chars)
     from learning.judge.offline import OfflineJudge
@@ -270,7 +283,7 @@ class RetrainApp:
         await self._serve(policy, version)
         from agent.tools.registry import build_tools
 
-        log = SessionLog(self.settings.store.data_dir / "retrain" / "probes.sqlite3")
+        log = SessionLog(gate_scratch(self.settings)[0])
         service = ResearchService(policy, build_tools(self.settings.agent, self.index), log, self.settings.agent)
         options = probe_options(self.settings)
 

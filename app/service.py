@@ -298,6 +298,8 @@ class ResearchService:
         if adapter is None and not hasattr(self.policy, "set_model") and self.base_adapter is not None \
                 and version == adapter_version(self.base_adapter):
             adapter = str(self.base_adapter)
+        if adapter is not None and hasattr(self.policy, "ensure_adapter"):  # vLLM may have unloaded it meanwhile
+            await self.policy.ensure_adapter(version, adapter)  # type: ignore[attr-defined]
         return Served(version=version, model=version, adapter=adapter)  # HTTP: recorded as the alias it was sent
 
     async def references(self, question: str, options: RunOptions, sink: EventSink) -> Retrieval:
@@ -402,7 +404,8 @@ class ResearchService:
         tool_set = self._tools(tools)
         started = time.monotonic()
         began_ns = time.time_ns()  # the session's span starts here, before its id exists
-        await self.sync_live(sink)
+        if self.live is None or not _pinnable(self.policy):  # a pinned session names its version per request
+            await self.sync_live(sink)
         try:
             serving = await self._serving(sink)
             # A seeded run also gets reproducible tool-call ids (they are in the token sequence).
@@ -413,7 +416,8 @@ class ResearchService:
             clarify_with = clarify_context(question, deps, refs) if asks else None
             version = serving.version
             sid = self.log.create_session(question, prompt, opts.model_dump(mode="json"), version, source=source,
-                                          policy_model=policy_model(deps))  # what the price table prices
+                                          policy_model=policy_model(deps),  # what the price table prices
+                                          team=serving.team)  # the team whose version serves it, read once
             if refs.hits:
                 self.log.set_flags(sid, injected_bank_items=refs.item_ids)
         except Exception as exc:  # nothing was written: report it typed, without a session id
@@ -555,8 +559,6 @@ class ResearchService:
         if isinstance(plan, ResearchPaused):
             return plan
         rec, deps, dropped = plan
-        serving = await self._serving(sink, version=rec.policy_version)
-        deps.policy = serving.policy  # the version that served the session's start serves the rest of it
         sink(ev.SessionResumed(session_id, dropped))
         if isinstance(decision, PlanDecision):
             sink(ev.Note("plan_decision", {"action": decision.action}))
@@ -565,6 +567,8 @@ class ResearchService:
                                     start_ns=began_ns) as traced:
             beat = Heartbeat(self.log, session_id, self.lease).start()  # prepare_resume took the lease: keep it
             try:
+                serving = await self._serving(sink, version=rec.policy_version)
+                deps.policy = serving.policy  # the version that served the session's start serves the rest of it
                 deps.recorder = _SessionRecorder(self.log, session_id, sink, beat.check)
                 traj = rec.trajectory
                 bank_meta = {"mode": "resumed", "items": [{"id": i} for i in traj.injected_bank_items]}

@@ -35,7 +35,7 @@ from learning.eval.heldout import heldout_ids, normalize_question
 from learning.evaluate import GateReport, Probe, adapter_problem, decide, score_version, team_gate
 from learning.judge.pipeline import judge_pending
 from learning.judge.types import TrajectoryJudge
-from store.registry import Cycle, PolicyVersion, Registry
+from store.registry import Cycle, PolicyVersion, Registry, RegistryError
 from store.session_log import SessionLog
 
 Say = Callable[[str], None]
@@ -81,8 +81,14 @@ async def retrain(parts: RetrainParts, cfg: RetrainConfig, *, trigger: str = "cl
         say(f"resuming {cycle.cycle_id}{_of(cycle.team)} after stage {cycle.stage}")
     else:
         cycle = reg.start_cycle(trigger, parts.log.now(), team=team)
+    try:
+        parent = reg.live(cycle.team).name
+    except RegistryError as exc:  # its team is gone (`Teams.remove` refuses while its cycle runs): never resumable
+        reg.finish_cycle(cycle.cycle_id, "failed", error=f"{type(exc).__name__}: {exc}")
+        telemetry.cycle_finished("failed")
+        raise
     # One span per cycle with a span per phase (issue 36), and the cycle counted by outcome when it ends.
-    with telemetry.cycle_span(cycle.cycle_id, parent_version=reg.live(cycle.team).name) as span:
+    with telemetry.cycle_span(cycle.cycle_id, parent_version=parent) as span:
         telemetry.set_attrs(span, {"rubricem.cycle.trigger": trigger, "rubricem.cycle.resumed_after": (
             cycle.stage if cycle.stage != "start" else None)})
         try:

@@ -82,11 +82,14 @@ class Copies:
         judge_cache: The judge's answer cache folder (None: no cache).
         run_banks: What drops a cycle's `<bank>_run_<cycle>` collection (None: the bank is unreachable; the drop
             stays pending and the next deletion or cycle retries it).
+        scratch: Files removed whole by every deletion: the promotion gate's probe log and its judge's rubric
+            buffers, which hold a team's recent questions (issue 49). The gate starts them afresh when they are gone.
     """
 
     runs_dir: Path
     judge_cache: Path | None = None
     run_banks: RunBanks | None = None
+    scratch: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +320,14 @@ def purge_copies(log: SessionLog, copies: Copies, *, clear_cache: bool = False) 
     if clear_cache and copies.judge_cache is not None:
         entries, cache_failed = clear_judge_cache(copies.judge_cache)
         failed.extend(cache_failed)
+    if clear_cache:
+        for path in copies.scratch:  # SQLite files: their journal and WAL files too
+            for part in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"),
+                         path.with_name(path.name + "-journal")):
+                try:
+                    part.unlink(missing_ok=True)
+                except OSError as exc:
+                    failed.append(f"gate scratch file {part}: {exc}")
     return CopiesPurged(folders, collections, entries, tuple(running), tuple(failed))
 
 

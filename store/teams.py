@@ -76,6 +76,12 @@ class Teams:
         with self.log.transaction(write=True) as conn:
             if conn.execute("SELECT 1 FROM teams WHERE name = ?", (team,)).fetchone():
                 raise TeamError(f"team {team!r} already exists")
+            # A removed team's sessions, versions and cycles keep its name: a new team under it would be served its
+            # versions and trained on its people's sessions. Names are never reused.
+            for table in ("sessions", "policy_versions", "retrain_cycles", "team_alias_history"):  # ours, not input
+                if conn.execute(f"SELECT 1 FROM {table} WHERE team = ? LIMIT 1", (team,)).fetchone():
+                    raise TeamError(f"the name {team!r} belonged to a removed team whose sessions and versions keep "
+                                    "it; pick another name")
             conn.execute("INSERT INTO teams (name, share_global, live_version, created_at) VALUES (?, ?, NULL, ?)",
                          (team, int(bool(share_global)), self.log.now()))
         return self.get(team)
@@ -115,11 +121,11 @@ class Teams:
 
     def remove(self, name: str) -> None:
         """Delete a team: its members go back to the global policy. Its versions stay in the registry (deletions
-        still mark them) and its past sessions keep its name.
+        still mark them) and its past sessions keep its name, which no new team may take (`add`).
 
         Raises:
             UnknownTeam: no such team.
-            TeamError: a session of the team is still running (nothing changed): wait until it ends.
+            TeamError: a session or a retraining cycle of the team is still running (nothing changed).
         """
         team = check_team_name(name)
         with self.log.transaction(write=True) as conn:
@@ -129,6 +135,9 @@ class Teams:
                                        (team,)).fetchone()[0])
             if running:
                 raise TeamError(f"team {team!r} has {running} running session(s); remove it when they have ended")
+            if conn.execute("SELECT 1 FROM retrain_cycles WHERE team = ? AND status = 'running'", (team,)).fetchone():
+                raise TeamError(f"a retraining cycle of team {team!r} is running (or was cut off: `rubricem retrain "
+                                f"--now` resumes it); remove the team when it has finished")
             conn.execute("UPDATE users SET team = NULL WHERE team = ?", (team,))
             conn.execute("DELETE FROM teams WHERE name = ?", (team,))
 

@@ -75,9 +75,14 @@ def _retrain_box() -> None:
 def _consent_counts() -> None:
     """How many completed sessions learning may use, and how many it skips (no consent, or opted out)."""
     svc = state.services()
+    from store.teams import Teams
+
     now = svc.log.now()
-    used = len(svc.registry.sessions_in_window(None, now))
-    skipped = svc.registry.skipped_in_window(None, now)
+    teams = Teams(svc.log).list()  # the global policy's sessions and each team's (issue 49); a sharing team's
+    policies = [None, *(t.name for t in teams)]  # sessions are in the global window too: counted once
+    used = len({s for p in policies for s in svc.registry.sessions_in_window(None, now, team=p)})
+    skipped = svc.registry.skipped_in_window(None, now) + sum(
+        svc.registry.skipped_in_window(None, now, team=t.name) for t in teams if not t.share_global)
     st.caption(f"Learning uses {used:,} completed session(s) and skips {skipped:,} whose owner did not consent or "
                f"that were opted out (default for people who have not chosen: "
                f"{'learn' if svc.log.consent_default else 'do not learn'}).")
@@ -103,6 +108,13 @@ def _visible_teams() -> set[str] | None:
     return set() if team is None else {team}
 
 
+def _shown(version: str, teams: set[str] | None) -> bool:
+    """Whether a version name may be shown to this visitor: a team's (`team:<name>@K`) only to its own people."""
+    if teams is None or not version.startswith("team:"):
+        return True
+    return version[len("team:"):].split("@", 1)[0] in teams
+
+
 def page() -> None:
     """The learning page."""
     svc = state.services()
@@ -119,7 +131,8 @@ def page() -> None:
 
     st.subheader("Per-stage reward")
     by = st.radio("Curve by", ["version", "day"], horizontal=True, key="curve_by")
-    points = dashboard.stage_reward_points(svc.log)
+    teams = _visible_teams()
+    points = [p for p in dashboard.stage_reward_points(svc.log) if _shown(p.policy_version, teams)]
     frame = _curves(points, by)
     if frame.empty:
         st.caption("No judged sessions yet: `rubricem judge` (or a retraining cycle) judges logged sessions.")
@@ -129,7 +142,6 @@ def page() -> None:
 
     st.subheader("Policy versions")
     deleted = versions_trained_on_deleted_data(svc.log)  # what an adapter learned cannot be deleted from it
-    teams = _visible_teams()
     st.dataframe(pd.DataFrame([{
         "version": v.name, "team": v.team or "", "live": "●" if v.live else "", "status": v.status,
         "parent": v.parent or "",

@@ -262,6 +262,8 @@ def _note_text(kind: str, data: dict[str, object]) -> str:
             return f"Now serving policy version {data.get('version')}."
         case "policy_swap_failed":
             return f"Could not switch to the newest policy version: {data.get('error')}."
+        case "team_policy_fallback":
+            return f"Your team's policy could not serve this session; the global policy did ({data.get('error')})."
         case "attribution_failed":
             return f"References could not be matched to the answer after writing ({data.get('error')})."
         case _:

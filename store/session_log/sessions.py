@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import Enum
 from typing import Literal, get_args
 
 from store.errors import ConnectionLost, DuplicateSession, InvalidInput, SessionNotFound
@@ -55,6 +56,13 @@ _SWEPT_ERROR = ("interrupted: the process running this session stopped (last hea
                 "was not checkpointed, so it cannot be resumed")
 
 DEFAULT_LEASE_S = 90.0
+
+
+class _Owners(Enum):
+    TEAM = "the owner's team"
+
+
+OWNERS_TEAM = _Owners.TEAM  # `create_session`'s default team: the owner's, read in the insert's transaction
 """How long a session's lease lasts from its creation until the running process's first heartbeat (the service then
 renews it with the deployment's `sessions.lease_s`)."""
 
@@ -228,6 +236,7 @@ class SessionsMixin(SessionLogBase):
         source: SessionSource = "api",
         owner: str | None = None,
         policy_model: str | None = None,
+        team: str | None | _Owners = OWNERS_TEAM,
     ) -> str:
         """Start a session with status "running".
 
@@ -244,6 +253,9 @@ class SessionsMixin(SessionLogBase):
                 whose per-session learning choice then sets the training opt-out too.
             policy_model: The served model's name, which the price table prices ("embedded" for the in-process
                 policy); None when unknown (its cost is then unknown under a non-empty price table).
+            team: The team whose policy serves it (issue 49); by default the owner's team, read in this insert's
+                transaction. A caller that chose the serving version from the team it read passes that team, so the
+                session is recorded (and later trained) with the team that served it.
 
         Returns:
             The session id.
@@ -277,8 +289,8 @@ class SessionsMixin(SessionLogBase):
                 "updated_at, heartbeat_at, lease_until, lease_owner, team) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, "
                 # the owner's team as the session starts (issue 49), read in this transaction; it never changes
-                "(SELECT u.team FROM users u WHERE u.user_id = ?))",
-                (*values, now, now, now, until, process_lease_owner(), who),
+                + ("(SELECT u.team FROM users u WHERE u.user_id = ?))" if team is OWNERS_TEAM else "?)"),
+                (*values, now, now, now, until, process_lease_owner(), who if team is OWNERS_TEAM else team),
             )
         return sid
 

@@ -117,3 +117,13 @@ def test_the_scheduler_runs_a_cycle_per_policy_and_says_why_a_team_gets_none(tmp
     reasons = {c.team: c.error for c in cycles}
     assert reasons["law"] == "0 new session(s) (team law) < min_new_sessions 3"
     assert reasons[None] == "0 new session(s) < min_new_sessions 3"
+
+    # What a promotion must never unload: every alias's version, and the version a session still runs on (one
+    # paused for approval keeps it for hours).
+    from app.retrain import live_names
+    from store import PromptRecord
+
+    running = log.create_session("q?", PromptRecord("p", (1,), "s"), {}, "team:law@7", owner="ann@law.example")
+    assert live_names(Registry(log)) == {"base", "team:law@7"}
+    log.finish(running, "failed", error="x")
+    assert live_names(Registry(log)) == {"base"}

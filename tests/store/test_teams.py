@@ -84,9 +84,17 @@ def test_membership_names_and_the_team_a_session_keeps(store_target: StoreTarget
             teams.remove("bio")
         assert teams.get("bio").members == ("bob", "carol")  # nothing changed
         log.finish(running, "completed", report="r")
+        cycle = Registry(log).start_cycle("cli", log.now(), team="bio")
+        with pytest.raises(TeamError, match="cycle of team 'bio' is running"):
+            teams.remove("bio")
+        Registry(log).finish_cycle(cycle.cycle_id, "failed")
         teams.remove("bio")
         assert teams.names() == ["law"] and Users(log).get("bob").team is None
         assert log.get(running).team == "bio"  # history keeps the team
+        with pytest.raises(TeamError, match="belonged to a removed team"):
+            teams.add("bio")  # a new team would inherit its sessions and versions
+        explicit = log.create_session("q?", PromptRecord("p", (1,), "s"), {}, "base", owner="dave", team="law")
+        assert log.get(explicit).team == "law"  # the team that served it, as the service read it
 
 
 def test_each_policy_trains_on_its_own_sessions_and_a_team_shares_only_when_it_opts_in(
