@@ -30,7 +30,7 @@ from learning.evaluate import Probe
 from learning.pipeline import RetrainParts
 from learning.train_config import load_config
 from store.records import Trajectory
-from store.registry import Cycle, PolicyVersion, Registry, team_version_name
+from store.registry import Cycle, PolicyVersion, Registry, team_version_prefix
 from store.session_log import SessionLog
 
 _log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ async def prepare_live(policy: Any, settings: Settings, new: PolicyVersion, old:
         return []  # other policy is stale because of it
     keep = {new.name, old.name, base, *serving}
     names = {m for listed in per_replica.values() for m in listed}
-    prefix = "policy@" if new.team is None else team_version_name(new.team, 0)[:-1]  # "team:<name>@"
+    prefix = "policy@" if new.team is None else team_version_prefix(new.team)
     return sorted(m for m in names if m.startswith(prefix) and m not in keep)
 
 

@@ -22,7 +22,7 @@ from agent.clarify import ClarificationAnswer
 from agent.config import AgentConfig, RunOptions
 from agent.deps import AgentDeps
 from agent.errors import AgentError, InputError
-from agent.policy import PinnedPolicy
+from agent.policy import PinnedPolicy, pinnable
 from agent.protocols import PolicyClient, ReflectionBank, SearchTool, Served
 from agent.report import Embed, Report, attribute_report, report_fields, unverified_report, verify_report
 from agent.sequence import policy_model
@@ -153,16 +153,6 @@ class SessionServing:
         return {"version": self.version, "team": self.team, "warning": self.warning}
 
 
-def _pinnable(policy: object) -> bool:
-    """Whether a client can answer one request by a given version (`generate(..., served=...)`)."""
-    import inspect
-
-    try:
-        return "served" in inspect.signature(policy.generate).parameters  # type: ignore[attr-defined]
-    except (AttributeError, TypeError, ValueError):
-        return False
-
-
 class ResearchService:
     """Runs research sessions against one policy, one tool set and one session log."""
 
@@ -248,7 +238,7 @@ class ResearchService:
         request, the shared client serves as it is.
         """
         team = await asyncio.to_thread(Teams(self.log).team_of, current_actor().owner)
-        if self.live is None or not _pinnable(self.policy):
+        if self.live is None or not pinnable(self.policy):
             return SessionServing(self.policy, self.policy.policy_version, team)
         if version is not None:  # a resumed session goes on with the version that served its start
             return SessionServing(PinnedPolicy(self.policy, await self._recorded(version)), version, team)
@@ -404,7 +394,7 @@ class ResearchService:
         tool_set = self._tools(tools)
         started = time.monotonic()
         began_ns = time.time_ns()  # the session's span starts here, before its id exists
-        if self.live is None or not _pinnable(self.policy):  # a pinned session names its version per request
+        if self.live is None or not pinnable(self.policy):  # a pinned session names its version per request
             await self.sync_live(sink)
         try:
             serving = await self._serving(sink)

@@ -94,9 +94,14 @@ def team_alias(team: str) -> str:
     return f"team:{team}"
 
 
+def team_version_prefix(team: str) -> str:
+    """What every version name of a team's policy starts with: `team:<name>@`."""
+    return f"team:{team}@"
+
+
 def team_version_name(team: str, k: int) -> str:
     """The K-th version of a team's policy: `team:<name>@K`."""
-    return f"team:{team}@{k}"
+    return f"{team_version_prefix(team)}{k}"
 
 
 def _team_scope(team: str | None) -> tuple[str, tuple[Any, ...]]:

@@ -11,7 +11,7 @@ of one policy, with failover and all-or-nothing adapter loads), `llamacpp` (`Lla
 
 from agent.policy.completions import check_generate_args
 from agent.policy.llamacpp import SMOLLM2_DEFAULT_SYSTEM, LlamaCppPolicyClient, render_chatml
-from agent.policy.pinned import PinnedPolicy
+from agent.policy.pinned import PinnedPolicy, pinnable
 from agent.policy.replicas import ReplicaSet, redact_url
 from agent.policy.vllm import SLEEP_MODES, VLLM_MAX_STOP_STRINGS, VLLM_RUNTIME_LORA_ENV, VLLMPolicyClient
 
@@ -22,6 +22,7 @@ __all__ = [
     "VLLM_RUNTIME_LORA_ENV",
     "LlamaCppPolicyClient",
     "PinnedPolicy",
+    "pinnable",
     "ReplicaSet",
     "VLLMPolicyClient",
     "check_generate_args",

@@ -32,6 +32,14 @@ _MUTATING = frozenset({"set_model", "aload_adapter", "aunload_adapter", "load_ad
 _UNPINNED = frozenset({"generate_group", "score"})
 
 
+def pinnable(client: object) -> bool:
+    """Whether a client can answer one request by a given version (its `generate` takes `served`)."""
+    try:
+        return "served" in inspect.signature(client.generate).parameters  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):  # no generate, or no signature to read: not shown to take it
+        return False
+
+
 class PinnedPolicy:
     """A `PolicyClient` for one session: every request of it is answered by `served`'s version (module docstring).
 
@@ -48,11 +56,7 @@ class PinnedPolicy:
             TypeError: `inner.generate` takes no `served` argument, so it could not be pinned (a client from
                 before issue 49, or a test double); failing here beats answering by the wrong version later.
         """
-        try:
-            pinnable = "served" in inspect.signature(inner.generate).parameters
-        except (TypeError, ValueError):  # no signature to read: it cannot be shown to take `served`
-            pinnable = False
-        if not pinnable:
+        if not pinnable(inner):
             raise TypeError(f"{type(inner).__name__}.generate takes no `served` argument: it cannot be pinned to a "
                             "version per request")
         self._inner = inner
