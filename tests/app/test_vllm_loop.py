@@ -135,8 +135,17 @@ def _the_loop(real_vllm: Any, smollm2_dir: Path, tmp_path: Path) -> None:
         finally:
             await services.policy.aclose()
 
-    for q in ("Who was Haymo of Faversham?", "What is the Franciscan order?"):
-        rec = SessionLog(log_path).get(asyncio.run(ask(q)))
+    async def ask_both() -> list[str]:  # two people at once: one build, and vLLM batches their requests
+        services = build(settings)
+        try:
+            outs = await asyncio.gather(*(services.research.run(q, SMALL) for q in (
+                "Who was Haymo of Faversham?", "What is the Franciscan order?")))
+            return [o.session_id for o in outs]
+        finally:
+            await services.policy.aclose()
+
+    for sid in asyncio.run(ask_both()):
+        rec = SessionLog(log_path).get(sid)
         sampled = [t for t in rec.trajectory.turns if t.kind == "sampled"]
         assert rec.status == "completed" and rec.policy_version == "policy"
         assert sampled and all(t.token_source == "server" and len(t.logprobs) == len(t.token_ids) for t in sampled)
