@@ -6,6 +6,7 @@ marks the team versions their session trained."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,7 @@ def _teams_on_vllm(server: Any, smollm2_dir: Path, tmp_path: Path) -> None:
         try:
             return list(await asyncio.gather(ask("alice", "Who was Haymo of Faversham?"),
                                              ask("bob", "What is a Franciscan friar?"),
-                                             ask("dave", "Who founded the Franciscan order?")))
+                                             ask("dave", "Where was the PRIVATE-GLOBAL-3 abbey built?")))
         finally:
             await services.policy.aclose()
 
@@ -117,9 +118,21 @@ def _teams_on_vllm(server: Any, smollm2_dir: Path, tmp_path: Path) -> None:
     # A cycle of law's: trained on alice's session (and the seed question) from law's live version, gated, promoted
     # as law's; bio's adapter stays loaded and bio's and the global alias do not move.
     result = asyncio.run(run_cycle(settings, trigger="cli", force=True, team="law"))
-    assert result.cycle.status == "promoted" and result.cycle.team == "law", result.message
+    cycle = result.cycle
+    assert cycle.status == "promoted" and cycle.team == "law", result.message
     law2 = reg.live("law")
     assert law2.name == "team:law@2" and law2.parent == law1.name
+    # It trained on law's window only: alice's session, never bob's (bio) or dave's (the global policy), whose
+    # session stays in the global window; its questions are hers plus the seed set.
+    assert reg.sessions_in_window(cycle.window_start, cycle.window_end, team="law") == [sids[0]]
+    assert reg.sessions_in_window(None, log.now()) == [sids[2]]
+    trained_on = [json.loads(line)["question"] for line in
+                  (settings.store.data_dir / "runs" / cycle.cycle_id / "questions.jsonl").read_text().splitlines()]
+    assert "Who was Haymo of Faversham?" in trained_on
+    assert not {"What is a Franciscan friar?", "Where was the PRIVATE-GLOBAL-3 abbey built?"} & set(trained_on)
+    # Gated twice: on law's own recent questions, and on the global probe set against what law is served now.
+    report = law2.eval_report or {}
+    assert "team questions:" in report["reason"] and report["general"]["live"]["version"] == law1.name
     assert reg.live("bio").name == bio1.name and reg.live().name == "base"
     served = served_adapters(server)
     assert {law2.name, law1.name, bio1.name} <= set(served)  # law@1 stays for a rollback; bio's is never unloaded

@@ -265,7 +265,7 @@ def report(rows: Sequence[Mapping[str, Any]], training: Mapping[str, Any], items
         for ad in ADAPTERS:
             rs = list(by[ad].values())
             cells[ad] = {"n": len(rs), "versions": sorted({r["version"] for r in rs}),
-                         "seconds_median": statistics.median(r["seconds"] for r in rs) if rs else None,
+                         "seconds_median": round(statistics.median(r["seconds"] for r in rs), 1) if rs else None,
                          **{m: _mean([_value(r, m) for r in rs]) for m in METRICS}}
         diffs: dict[str, Any] = {}
         for ref in ("global", "other"):
