@@ -317,6 +317,22 @@ def _cached(adapter_dir: Path, base_gguf: Path, cache_dir: Path, kind: str) -> P
     return _cached_file(target, lambda path: convert(adapter_dir, base_gguf, path))
 
 
+def recorded(target: Path) -> bool:
+    """Whether `target` is a plain file whose SHA-256 is the one recorded beside it (`cached_file` wrote both)."""
+    return _matches_record(target, target.with_name(target.name + DIGEST_SUFFIX))
+
+
+def forget(target: Path) -> None:
+    """Remove `target` and its recorded digest (a link is removed, never followed)."""
+    for path in (target, target.with_name(target.name + DIGEST_SUFFIX)):
+        path.unlink(missing_ok=True)
+
+
+def cached_file(target: Path, write: Callable[[Path], object]) -> Path:
+    """`_cached_file` for other caches in the same private folder (the engine's saved system messages)."""
+    return _cached_file(target, write)
+
+
 def _cached_file(target: Path, write: Callable[[Path], object]) -> Path:
     """`target` when it matches the digest recorded beside it, else written by `write(target)` and recorded. The
     conversion runs under a lock file beside it, so processes starting together convert once (the others wait, then
@@ -390,7 +406,7 @@ def _matches_record(target: Path, record: Path) -> bool:
         return False
     if hmac.compare_digest(_sha256(target), recorded):
         return True
-    log.warning("the cached GGUF LoRA %s does not match its recorded digest: converting the adapter again", target)
+    log.warning("the cached file %s does not match its recorded digest: writing it again", target)
     return False
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import hashlib
 import json
 import logging
 import subprocess
@@ -39,7 +40,16 @@ from agent.errors import PolicyUnavailable
 from agent.protocols import Generation
 from learning.engines.client import AdapterLoadError, EmbeddedClient, read_adapter_config
 from learning.engines.cpu_backend import RECORD_FILENAME, CpuBackendError, load_cpu_backend
-from learning.engines.gguf_lora import GGUFConversionError, cached_lora, cached_merged, cached_q8_base
+from learning.engines.gguf_lora import (
+    GGUFConversionError,
+    cached_file,
+    cached_lora,
+    cached_merged,
+    cached_q8_base,
+    forget,
+    private_folder,
+    recorded,
+)
 from learning.engines.weights import ModelConversionError, check_gguf, restore_hint
 from learning.engines.sampling import Row, continuation_logprobs, sample
 from learning.engines.threads import (
@@ -61,6 +71,7 @@ if TYPE_CHECKING:  # torch is imported lazily so that importing this module stay
 log = logging.getLogger(__name__)
 
 N_BATCH = 1024  # tokens per llama_decode call of a prompt: 5-10 % faster prefill than llama.cpp's 512 (issue 47)
+ANCHOR_STATE_FORMAT = 1  # bump to stop loading system messages saved by an earlier version (`_anchor_file`)
 _log_lock = threading.Lock()
 _recent_errors: collections.deque[str] = collections.deque(maxlen=20)
 _log_callback: Any = None  # the installed ctypes callback (kept alive for as long as llama.cpp may call it)
@@ -138,6 +149,8 @@ class LlamaCppEngine:
         self.threads, self.batch_threads = threads, batch_threads
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._mem = lc.llama_get_memory(self._ctx)
+        self.gguf = Path(gguf)
+        self.adapter_file: Path | None = None  # the GGUF LoRA applied now
         self._adapter: Any = None
         self.n_past = 0  # positions in the KV cache
         self.guard: ContentionGuard | None = None  # backs off to one thread while the cores are oversubscribed
@@ -196,6 +209,32 @@ class LlamaCppEngine:
                 rows.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
         return np.stack(rows)
 
+    def save_prefix(self, path: Path, tokens: Sequence[int]) -> None:
+        """Write the cache, which must hold exactly `tokens`, with those tokens to `path` (llama.cpp's own format).
+
+        Raises:
+            OSError: llama.cpp wrote nothing.
+        """
+        if self.n_past != len(tokens):
+            raise ValueError(f"the cache holds {self.n_past} positions, not the {len(tokens)} to save")
+        arr = (self._lc.llama_token * len(tokens))(*tokens)
+        if not self._lc.llama_state_seq_save_file(self._ctx, str(path).encode(), 0, arr, len(tokens)):
+            raise OSError(f"llama.cpp could not save its cache to {path}")
+
+    def load_prefix(self, path: Path, tokens: Sequence[int]) -> bool:
+        """Replace the cache by the one `save_prefix` wrote to `path`; False (and an empty cache) unless it loads
+        and was saved for exactly `tokens`."""
+        lc = self._lc
+        self.truncate(0)
+        arr = (lc.llama_token * len(tokens))()
+        count = ctypes.c_size_t(0)
+        read = lc.llama_state_seq_load_file(self._ctx, str(path).encode(), 0, arr, len(tokens), ctypes.byref(count))
+        if read == 0 or count.value != len(tokens) or list(arr) != list(tokens):
+            lc.llama_memory_seq_rm(self._mem, 0, 0, -1)  # whatever part of the file entered the cache
+            return False
+        self.n_past = len(tokens)
+        return True
+
     def _follow_guard(self) -> None:
         if self.guard is not None:
             counts = self.guard.counts()
@@ -235,7 +274,7 @@ class LlamaCppEngine:
             raise AdapterLoadError(f"llama.cpp could not apply the adapter {path} (code {code})")
         if self._adapter is not None:
             lc.llama_adapter_lora_free(self._adapter)
-        self._adapter = new
+        self._adapter, self.adapter_file = new, path
         self.truncate(0)  # cached keys/values came from the old weights
 
 
@@ -285,6 +324,7 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
         cpu_variant: str | None = None,
         merge_adapter: bool = False,
         base_q8: bool = False,
+        persist_anchor: bool = True,
     ) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
@@ -322,6 +362,7 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
         self._eos_ids = self._collect_eos_ids(tokenizer_dir)
         super().__init__()  # the model lock
         self._reuse_prefix = reuse_prefix
+        self._persist_anchor = persist_anchor and reuse_prefix
         self._cache_ids: list[int] = []  # the token ids whose keys/values are in the engine's cache
         self._last_prompt: tuple[int, ...] = ()
         self._turn_start = turn_start_id(self._tokenizer)
@@ -516,12 +557,61 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
         self._cache_ids = list(prompt[:start])
         self._last_prompt = prompt
         if anchor and start == 0:  # the canonical first piece: the system message on its own
-            self._engine.eval(prompt[:anchor])
+            if not self._load_anchor(prompt[:anchor]):
+                self._engine.eval(prompt[:anchor])
+                self._save_anchor(prompt[:anchor])
             self._cache_ids.extend(prompt[:anchor])
             start = self._anchor_len = anchor
         logits = self._engine.eval(prompt[start:])
         self._cache_ids.extend(prompt[start:])
         return _tensor(logits[0])
+
+    def _anchor_file(self, tokens: Sequence[int]) -> Path | None:
+        """Where the keys and values of the system message `tokens` are saved for this engine, or None when the
+        cache folder is not private (`private_folder`) or saving is off.
+
+        Why (issue 47): every new process (`make demo`, `rubricem ask`, a batch, a restarted server) and every
+        adapter swap prefilled the same 700-token system message again, about 2.8 s of a 32 s demo session on 2
+        cores; loading it takes milliseconds. The key holds everything the values depend on: the weights served (the
+        GGUF and the GGUF LoRA, both named by content), the CPU variant and batch size (their kernels' rounding), the
+        llama.cpp release and the tokens, so a loaded cache is what prefilling would compute, bit for bit
+        (tests/policy/test_llamacpp_engine.py). The system message holds the scaffold and the tools' descriptions,
+        never a user's text. A file that no longer matches the digest recorded beside it is written again.
+        """
+        if not self._persist_anchor:
+            return None
+        e = self._engine
+        try:
+            folder = private_folder(self._lora_cache)
+            size = e.gguf.stat().st_size
+        except (GGUFConversionError, OSError) as exc:
+            log.debug("system messages are not saved: %s", exc)
+            return None
+        parts = [ANCHOR_STATE_FORMAT, _llama_cpp_version(), e.gguf.name, size,
+                 e.adapter_file.name if e.adapter_file else None, e.cpu_variant.name if e.cpu_variant else None,
+                 e.n_batch, list(tokens)]
+        return folder / f"anchor-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]}.state"
+
+    def _load_anchor(self, tokens: Sequence[int]) -> bool:
+        """Whether the system message `tokens` came from its saved file (the cache then holds exactly them)."""
+        path = self._anchor_file(tokens)
+        if path is None or not recorded(path):
+            return False
+        if self._engine.load_prefix(path, tokens):
+            return True
+        log.warning("llama.cpp could not load the saved system message %s; prefilling it and saving it again", path)
+        forget(path)
+        return False
+
+    def _save_anchor(self, tokens: Sequence[int]) -> None:
+        """Save the system message just prefilled (once per key; a failure only costs the next process a prefill)."""
+        path = self._anchor_file(tokens)
+        if path is None or recorded(path):
+            return
+        try:
+            cached_file(path, lambda p: self._engine.save_prefix(p, tokens))
+        except (OSError, ValueError, GGUFConversionError) as exc:
+            log.warning("could not save the system message's cache to %s: %s", path, exc)
 
     def _step(self, token: int) -> torch.Tensor:
         logits = self._engine.eval([token])

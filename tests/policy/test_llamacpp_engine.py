@@ -377,3 +377,58 @@ def test_a_corrupt_bundled_gguf_names_the_command_that_restores_it(tmp_path: Pat
     other.write_bytes(b"GGML")  # an old, pre-GGUF format
     with pytest.raises(ModelConversionError, match="x.gguf is not a GGUF file.*EMBEDDED_GGUF_PATH"):
         check_gguf(other)
+
+
+def test_a_saved_system_message_loads_in_a_new_client_exactly_and_a_corrupt_one_is_prefilled_again(
+        smollm2_dir: Path, smollm2_gguf: Path, ctx: PromptContext, tmp_path: Path) -> None:
+    """Issue 47: a new process (a new client on the same cache folder) loads the system message's keys and values
+    saved by the first instead of prefilling them, and samples exactly the tokens and log-probs the first did. A saved
+    file that no longer matches its digest is prefilled and written again; another adapter gets its own file."""
+    from learning.engines.gguf_lora import recorded
+    from learning.engines.llamacpp_engine import anchor_end
+
+    cache = tmp_path / "lora"
+
+    def client() -> EmbeddedLlamaCppClient:
+        return EmbeddedLlamaCppClient(smollm2_dir, smollm2_gguf, lora_cache=cache, threads=1, batch_threads=1)
+
+    def spied(c: EmbeddedLlamaCppClient, sampled: dict[str, Any], evaluated: list[int], **kw: Any) -> None:
+        engine_eval = c.engine.eval
+
+        def counting(tokens: Any, logits_from: int | None = None) -> Any:  # a spy: the real eval runs
+            evaluated.append(len(tokens))
+            return engine_eval(tokens, logits_from)
+
+        c.engine.eval = counting  # type: ignore[method-assign]
+        try:
+            g = _run(c.generate(ctx, stop=[], max_tokens=24, temperature=0.8, seed=3, **kw))
+            sampled.update(ids=g.token_ids, logprobs=g.logprobs)
+        finally:
+            del c.engine.eval
+            _run(c.aclose())
+
+    anchor = anchor_end(ctx.token_ids, client()._turn_start)
+    first: dict[str, Any] = {}
+    evaluated: list[int] = []
+    spied(client(), first, evaluated)
+    assert evaluated[:2] == [anchor, len(ctx.token_ids) - anchor]  # prefilled, then saved
+    (saved,) = cache.glob("anchor-*.state")
+    assert recorded(saved)
+
+    second: dict[str, Any] = {}
+    evaluated.clear()
+    spied(client(), second, evaluated)
+    assert evaluated[0] == len(ctx.token_ids) - anchor  # the system message came from the file
+    assert second == first  # bit for bit: tokens and log-probs
+
+    saved.write_bytes(saved.read_bytes()[:-64] + bytes(64))  # no longer the recorded digest
+    third: dict[str, Any] = {}
+    evaluated.clear()
+    spied(client(), third, evaluated)
+    assert evaluated[:2] == [anchor, len(ctx.token_ids) - anchor]
+    assert third == first and recorded(saved)
+
+    adapted = client()
+    adapted.load_adapter(SFT_ADAPTER, "sft")
+    spied(adapted, {}, evaluated)
+    assert len(list(cache.glob("anchor-*.state"))) == 2  # the adapter's own system message cache
