@@ -346,6 +346,7 @@ def _cached_file(target: Path, write: Callable[[Path], object]) -> Path:
         for stale in (target, record):  # a link is removed, never followed
             stale.unlink(missing_ok=True)
         write(target)
+        target.chmod(0o600)  # writers such as llama.cpp's state saver leave the umask's mode
         _write_atomically(record, _sha256(target))
     return target
 

@@ -413,7 +413,7 @@ def test_a_saved_system_message_loads_in_a_new_client_exactly_and_a_corrupt_one_
     spied(client(), first, evaluated)
     assert evaluated[:2] == [anchor, len(ctx.token_ids) - anchor]  # prefilled, then saved
     (saved,) = cache.glob("anchor-*.state")
-    assert recorded(saved)
+    assert recorded(saved) and saved.stat().st_mode & 0o077 == 0  # owner-only, like the GGUF LoRAs
 
     second: dict[str, Any] = {}
     evaluated.clear()
