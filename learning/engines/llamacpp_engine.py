@@ -307,6 +307,10 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
         n_ctx: the KV cache size; None = the model's trained context (8,192 for SmolLM2).
         cpu_variant: the llama.cpp CPU backend variant to run (`learning.engines.cpu_backend`); None: the best one
             this CPU runs, probed once per machine (recorded in `tokenizer_dir/../llamacpp-cpu.json`).
+        reuse_prefix: keep the KV cache for a prompt that extends the previous one, and prefill a new prompt's
+            system message apart so that it can be kept too (`_prefill`).
+        persist_anchor: also save that system message's state in `lora_cache` and load it in a new process
+            (`_anchor_file`); only with `reuse_prefix`.
     """
 
     def __init__(
