@@ -42,7 +42,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agent.config import RunOptions, StageTokenCaps  # noqa: E402
-from agent.report import Report, build_report, verify_report  # noqa: E402
+from agent.report import Report, attribute_report, build_report, verify_report  # noqa: E402
 from agent.support import support_matrix  # noqa: E402
 from learning.eval.curve import paired, sign_flip_p  # noqa: E402
 from learning.eval.heldout import load_heldout, session_figures  # noqa: E402
@@ -126,7 +126,10 @@ def scored(row: dict[str, Any], items: dict[str, Any]) -> dict[str, Any]:
             {"id": i, "title": snippets[i].title, "text": snippets[i].text,
              "gold": snippets[i].title.casefold() in gold}
             for i in c.cited], "kept_titles": [snippets[i].title for i in c.kept]})
+    matched = attribute_report(raw, traj, embed_texts)  # what the product does first to an uncited answer
     return {**row, "before": session_figures(item, traj, raw), "after": session_figures(item, traj, checked),
+            "matched": session_figures(item, traj, matched),
+            "matched_checked": session_figures(item, traj, verify_report(matched, traj, embed_texts)),
             "body_after": checked.body, "claims": claims}
 
 
@@ -164,6 +167,26 @@ def calibration(labelled: list[dict[str, Any]]) -> dict[str, Any]:
                        "recall": round(hit / len(bad), 3) if bad else None,
                        "false_drop_rate": round((len(drop) - hit) / len(drop), 3) if drop else None}
     return out
+
+
+def pipeline(ok: list[dict[str, Any]]) -> dict[str, Any]:
+    """Gold citation precision and recall of the report at each step the product takes (`ResearchService`): as
+    written (`before`), with an uncited answer's sentences matched to passages (`matched`, `attribute_report`, which
+    predates the check), and then checked (`matched_checked`, what the product shows now); each step against the
+    one before it and the model's own, per question."""
+    def records(side: str) -> list[dict[str, Any]]:
+        return [{"item": r["item"], "figures": r[side]} for r in ok]
+
+    sides = ("before", "matched", "matched_checked")
+    return {
+        "mean": {side: {f: round(statistics.fmean(r[side][f] or 0.0 for r in ok), 4) if ok else None
+                        for f in ("citation_precision", "citation_recall")} for side in sides},
+        "matched_minus_before": paired(records("before"), records("matched"), "citation_precision"),
+        "matched_checked_minus_matched": paired(records("matched"), records("matched_checked"), "citation_precision"),
+        "matched_checked_minus_before": paired(records("before"), records("matched_checked"), "citation_precision"),
+        "recall_matched_checked_minus_before": paired(records("before"), records("matched_checked"),
+                                                      "citation_recall"),
+    }
 
 
 def report(out: Path) -> dict[str, Any]:
@@ -206,6 +229,7 @@ def report(out: Path) -> dict[str, Any]:
                         "changed_citing_gold": sum(1 for x in labels if x["status"] != "supported" and
                                                    any(gold_of.get((x["item"], x["sample"], x["text"]), [])))},
         "calibration": calibration(labelled),
+        "product_pipeline": pipeline(ok),
         "seconds": round(sum(r.get("seconds", 0) for r in rows), 1),
     }
     d = [r["after"]["citation_precision"] - r["before"]["citation_precision"] for r in ok
