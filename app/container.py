@@ -165,10 +165,13 @@ def open_index(settings: Settings, client: ClientAPI | None = None) -> DocIndex:
 
 def open_bank(settings: Settings, client: ClientAPI | None = None, log: SessionLog | None = None) -> RubricBank:
     """The rubric bank (the same Chroma as the document index, its own collection); with the session log, a
-    same-question hit is only ever the asker's own item (issue 34: `RubricBank.retrieve`)."""
+    same-question hit is only ever the asker's own item (issue 34: `RubricBank.retrieve`). The held-out guard is
+    always on (issue 62): no path writes or retrieves an item derived from a held-out question."""
+    from learning.eval.heldout import heldout_guard
     from store.people import SessionOwners
 
-    return RubricBank(settings.store, client=client, owners=SessionOwners(log) if log is not None else None)
+    return RubricBank(settings.store, client=client, owners=SessionOwners(log) if log is not None else None,
+                      heldout=heldout_guard())
 
 
 def ensure_corpus(index: DocIndex, say: Say = lambda _m: None, progress: Progress | None = None) -> None:

@@ -87,7 +87,7 @@ def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: No
     from learning.engines.weights import ensure_converted
     from learning.reflection.writer import write_reflection
 
-    from learning.eval.heldout import heldout_index, load_heldout, refuse_heldout
+    from learning.eval.heldout import heldout_guard, heldout_index, load_heldout, refuse_heldout
 
     train_q, _held = question_pool(cfg)  # a bad question or pairs file fails here, before any model is loaded
     heldout = heldout_index(load_heldout())
@@ -108,7 +108,7 @@ def build_trainer(settings: Settings, cfg: TrainConfig, say: Say = lambda _m: No
     # The run's reflections live in a bank of their own: they reach the app's bank only with a promoted policy.
     store = settings.store.model_copy(update={"bank": settings.store.bank.model_copy(update={
         "collection": f"{settings.store.bank.collection}_run_{cfg.name}"})})
-    bank = RubricBank(store)
+    bank = RubricBank(store, heldout=heldout_guard())  # issue 62: held-out questions never enter a bank
     service = ResearchService(policy, tools, log, settings.agent, bank)
     judge = build_judge(settings, log, say)
     if cfg.judge == "llm" and judge.kind != "llm":

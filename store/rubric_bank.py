@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import heapq
 import json
+import logging
 import math
 import os
 import tempfile
@@ -53,6 +54,7 @@ from store.chroma import chroma_errors, open_chroma_client, open_collection, rea
 from store.config import BankConfig, StoreConfig
 from store.embeddings import embed_query, embed_texts
 from store.errors import InvalidInput, StoreError
+from store.heldout import HeldoutGuard, HeldOutItemError
 from store.owner import current_actor
 from store.records import BankHit, BankItem, Retrieval, question_sha
 
@@ -61,6 +63,7 @@ __all__ = [
     "BankHit",
     "BankItem",
     "BankItemNotFound",
+    "HeldOutItemError",
     "ImportResult",
     "PutResult",
     "Retrieval",
@@ -74,6 +77,8 @@ INDEX_SUFFIX = ".questions"  # the question index collection is named <bank coll
 _INDEX_OF = "question_index_of"  # index metadata: the id of the bank collection it indexes
 _INDEX_COMPLETE = "complete"  # index metadata: "yes" once every item of that collection is in it
 MAX_TEXT_CHARS = 20_000  # per block; a reflection is a few hundred words
+
+_log = logging.getLogger(__name__)
 
 RequestedMode = Literal["auto", "within", "cross"]
 
@@ -230,6 +235,7 @@ class RubricBank:
         client: ClientAPI | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         owners: SessionOwners | None = None,
+        heldout: HeldoutGuard | None = None,
     ) -> None:
         """Open (or create) the bank collection.
 
@@ -240,6 +246,9 @@ class RubricBank:
             owners: who owns the sessions items were reflected from. Given (the app's shared bank), a same-question
                 hit is only ever the asker's own (issue 34): see `retrieve`. None: a bank of one actor, such as a
                 training run's own bank, where every item is the run's.
+            heldout: the held-out guard (store.heldout; the app always gives one): an item derived from a held-out
+                question is refused on every write path (`put`, `add_many`, `import_jsonl`) with its id named, and
+                one already stored (written before the guard, or by a process without it) is never retrieved.
 
         Raises:
             BankError: Chroma cannot be opened, or the collection was built with another embedding model.
@@ -250,6 +259,7 @@ class RubricBank:
         self._retained: dict[str, tuple[float, float, str]] | None = None  # eviction's ranking data (see _evict)
         self._batch: int | None = None
         self._owners = owners
+        self._heldout = heldout
         self._client = client if client is not None else open_chroma_client(config, BankError)
         self._collection = self._open_collection()
         self._index = self._open_index()
@@ -505,7 +515,7 @@ class RubricBank:
             raise InvalidInput(f"retrieval mode must be auto, within or cross, got {mode!r}")
         sha = question_sha(question)
         if mode in ("auto", "within"):
-            own = self._askers_own(self._by_sha([sha]).get(sha) or [])
+            own = self._unguarded(self._askers_own(self._by_sha([sha]).get(sha) or []))
             if own:
                 return Retrieval("within", (BankHit(own[0], 1.0),))
             if mode == "within":
@@ -513,10 +523,32 @@ class RubricBank:
         threshold = self.config.min_similarity if min_similarity is None else min_similarity
         shared = self._owners is not None
         found = self.search(question, self.config.top_k if k is None else k, exclude_sha=sha, embedding=embedding,
-                            hidden=self._others_near if shared else None)
+                            hidden=self._hidden if shared or self._heldout is not None else None)
         hits = [BankHit(withhold_question(h.item), coarse_similarity(h.similarity) if shared else h.similarity)
                 for h in found if h.similarity >= threshold]
         return Retrieval("cross", tuple(hits)) if hits else Retrieval("none")
+
+    def _unguarded(self, items: Sequence[BankItem]) -> list[BankItem]:
+        """`items` less those derived from a held-out question, each refusal logged with both ids (an item stored
+        before the guard existed, or by a process without one: it is left in place for `rubricem bank delete`)."""
+        if self._heldout is None:
+            return list(items)
+        kept = []
+        for item in items:
+            found = self._heldout.item_id(item)
+            if found is None:
+                kept.append(item)
+            else:
+                _log.warning("rubric bank item %s is derived from held-out question %s: not retrieved", item.id,
+                             found)
+        return kept
+
+    def _hidden(self, hits: Sequence[BankHit]) -> set[str]:
+        """The ids a cross-episode search leaves out: other people's near-identical questions (a shared bank) and
+        items derived from held-out questions; the search goes deeper so that k hits still come back."""
+        items = [h.item for h in hits]
+        guarded = {i.id for i in items} - {i.id for i in self._unguarded(items)}
+        return guarded | (self._others_near(hits) if self._owners is not None else set())
 
     def _others_near(self, hits: Sequence[BankHit]) -> set[str]:
         """The ids of hits on (nearly) the asked question that are not the asker's own: to be left out."""
@@ -544,6 +576,8 @@ class RubricBank:
             BankError: Chroma failed (the bank holds the old item, or the old and the new one).
         """
         validate_item(item)
+        if self._heldout is not None:
+            self._heldout.refuse(item)
         vec = _vector(embedding) if embedding is not None else self.embed([item.question])[0]
         with self._lock:
             olds = {it.id: it for it in self._by_sha([item.question_sha]).get(item.question_sha, [])}
@@ -582,8 +616,10 @@ class RubricBank:
         Raises:
             InvalidInput: an item or embedding is invalid (nothing written).
         """
-        for it in items:
+        for n, it in enumerate(items, start=1):
             validate_item(it)
+            if self._heldout is not None:  # the whole batch is refused before anything is written
+                self._heldout.refuse(it, f"item {n} of {len(items)} ({it.id})")
         if embeddings is not None and len(embeddings) != len(items):
             raise InvalidInput(f"{len(embeddings)} embeddings for {len(items)} items")
         vectors = [_vector(e) for e in embeddings] if embeddings is not None else None

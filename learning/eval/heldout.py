@@ -15,27 +15,41 @@ Decisions (the papers are silent):
   (it gives the reader no correct source), so dropping citations can never raise it. Citation recall is the share
   of the gold titles the report cites.
 - Cover-EM is scored on the last `\\boxed{}` when there is one, else on the whole answer body (`boxed` says which),
-  against the gold answer and its aliases.
+  against the gold answer and its aliases; except that a yes/no gold is scored on the boxed answer only (issue 62:
+  on the whole body, "No item was found…" counted as a correct "no").
+- The short answer is the last `\\boxed{}` with citation markers and tags removed; `answer_f1` is its token F1
+  against the gold answers (0 when there is none), `answer_words` the answer body's length in words.
 - Questions are matched for the guard after Unicode NFKC, case folding and whitespace collapsing, so a copy with
   other spacing or capitals is still caught.
 """
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
+from agent.parse import strip_tags
 from agent.report import Report
 from learning.errors import LearningError
 from learning.eval.datasets import EvalItem, bench_spec
-from learning.eval.scoring import extract_prediction, last_boxed, short_form_scores, support_recall
+from learning.eval.scoring import (
+    extract_prediction,
+    last_boxed,
+    normalize_answer,
+    short_form_scores,
+    support_recall,
+)
+from store.heldout import HeldoutGuard
+from store.heldout import normalize_question as normalize_question  # re-exported; its home is the bank's guard
 from store.records import Trajectory
 
 HELDOUT_DIR = Path(__file__).resolve().parents[1] / "sft" / "data" / "heldout"
 SOURCES = ("hotpotqa", "musique", "2wikimultihopqa")
-FIGURES = ("gold_recall", "citation_precision", "citation_recall", "cover_em", "boxed", "cited")
+FIGURES = ("gold_recall", "citation_precision", "citation_recall", "cover_em", "boxed", "cited", "answer_f1",
+           "answer_words")
+YES_NO = frozenset({"yes", "no"})
 
 
 class HeldOutQuestionError(LearningError):
@@ -68,17 +82,6 @@ def load_heldout(folder: Path = HELDOUT_DIR, sources: Sequence[str] = SOURCES) -
     return [_item(s, e) for s in sources for e in bench_spec(s).loader(Path(folder))]
 
 
-_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u00b4": "'", "`": "'"})
-_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))
-
-
-def normalize_question(text: str) -> str:
-    """The form questions are compared in: NFKC, invisible characters dropped, quotes straightened, case-folded,
-    whitespace collapsed, trailing punctuation dropped (so "…Faversham?" and "…faversham" match)."""
-    text = unicodedata.normalize("NFKC", text).translate(_INVISIBLE).translate(_QUOTES).casefold()
-    return " ".join(text.split()).rstrip(" ?!.;:")
-
-
 def heldout_index(items: Iterable[HeldoutItem]) -> dict[str, str]:
     """normalised question -> held-out id."""
     return {normalize_question(i.question): i.id for i in items}
@@ -88,6 +91,12 @@ def heldout_ids(questions: Iterable[str], index: Mapping[str, str]) -> list[str]
     """The held-out ids among `questions` (in order, once each)."""
     found = (index.get(normalize_question(q)) for q in questions)
     return list(dict.fromkeys(i for i in found if i is not None))
+
+
+@lru_cache(maxsize=1)
+def heldout_guard() -> HeldoutGuard:
+    """The rubric bank's guard over the shipped held-out questions (store.heldout; issue 62)."""
+    return HeldoutGuard.of((i.id, i.question) for i in load_heldout())
 
 
 def refuse_heldout(questions: Iterable[str], index: Mapping[str, str], where: str = "training") -> None:
@@ -107,10 +116,15 @@ def session_figures(item: HeldoutItem, trajectory: Trajectory, report: Report) -
     cover_em, boxed: the answer against the gold answers; whether it wrote a `\\boxed{}`.
     """
     body = report.body if report.answer_found else ""
-    cover = short_form_scores(extract_prediction(body), item.answers)["cover_em"] if body else 0.0
+    short = short_answer(body)
+    yes_no = any(normalize_answer(a) in YES_NO for a in item.answers)
+    scored = (short or "") if yes_no else extract_prediction(body)  # a yes/no gold: the short answer only
+    cover = short_form_scores(scored, item.answers)["cover_em"] if scored else 0.0
     cited = [s.title for s in report.references]
     out: dict[str, float | None] = {
-        "cover_em": cover, "boxed": float(last_boxed(body) is not None), "cited": float(bool(cited)),
+        "cover_em": cover, "boxed": float(short is not None), "cited": float(bool(cited)),
+        "answer_f1": short_form_scores(short, item.answers)["f1"] if short else 0.0,
+        "answer_words": float(len(body.split())),
         "gold_recall": None, "citation_precision": None, "citation_recall": None,
     }  # fmt: skip
     if item.gold_titles:
@@ -118,6 +132,16 @@ def session_figures(item: HeldoutItem, trajectory: Trajectory, report: Report) -
         out["citation_precision"] = gold_share(item.gold_titles, cited)
         out["citation_recall"] = support_recall(item.gold_titles, cited) if cited else 0.0
     return out
+
+
+def short_answer(body: str) -> str | None:
+    """The short answer of an answer body: its last `\\boxed{}` with `[n]` markers and tags removed; None when
+    there is none or nothing is left (a tag or a citation marker is never an answer)."""
+    boxed = last_boxed(body)
+    if boxed is None:
+        return None
+    text = " ".join(strip_tags(extract_prediction(boxed)).split())
+    return text or None
 
 
 def gold_share(gold_titles: Sequence[str], cited_titles: Sequence[str]) -> float:

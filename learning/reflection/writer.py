@@ -3,7 +3,8 @@ score them, store them all for the trainer, and put the best valid one into the 
 
 Decisions taken here (METHOD open points 16 and 18):
 - Safety: only a completed session with an "ok" judgement is reflected on; anything else is refused with
-  `NotReflectable` before anything is sampled or written (the store enforces the same rule on its side).
+  `NotReflectable` before anything is sampled or written (the store enforces the same rule on its side). So is a
+  session whose question is held out (issue 62), with the held-out id named; the bank refuses such items too.
 - Prompt: system = `learning/prompts/reflection.md`; user = the question and the trajectory as `render_trajectory`
   shows it to the judges (stage headers, every turn's text, no judge scores; METHOD §6.2). Tool outputs ARE shown,
   each cut in its middle to TOOL_OUTPUT_CHARS (600) characters: the reflection must be able to see what the searches
@@ -40,12 +41,14 @@ from pydantic import ValidationError
 from agent.prompts import PromptFolder
 from agent.protocols import ChatMessage, Generation, PolicyClient
 from learning.errors import LearningError
+from learning.eval.heldout import heldout_guard
 from learning.judge.buffer import BufferPayloadError, load_buffer
 from learning.judge.llm import TOOL_OUTPUT_CHARS, render_trajectory
 from learning.judge.offline_reflection import block_body
 from learning.judge.reflection import BLOCKS, validity_error
 from learning.judge.types import Judgement, ReflectionScore, Rubric
 from store.errors import SessionNotFound, StoreError
+from store.heldout import HeldoutGuard
 from store.records import BankItem, PromptRecord, SessionRecord, Trajectory
 from store.rubric_bank import RubricBank
 from store.session_log import ReflectionCandidate, SessionLog
@@ -271,6 +274,7 @@ async def write_reflection(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     trajectory_chars: int = DEFAULT_TRAJECTORY_CHARS,
     seed: int | None = None,
+    heldout: HeldoutGuard | None = None,
 ) -> ReflectionOutcome:
     """Reflect on one judged, completed session (module docstring for every decision).
 
@@ -286,6 +290,7 @@ async def write_reflection(
         max_tokens: Token cap of each candidate.
         trajectory_chars: The trajectory is cut to this many characters in the prompt.
         seed: Candidate i is sampled with seed + i (None: unseeded).
+        heldout: The held-out guard (default: the shipped held-out questions, `learning.eval.heldout`).
 
     Returns:
         The outcome; `reason` says whether the best candidate was banked and, if not, why.
@@ -293,12 +298,17 @@ async def write_reflection(
     Raises:
         InvalidReflectionArgs: An argument is out of range (nothing sampled or written).
         SessionNotFound: Unknown session.
-        NotReflectable: The session is not completed, not judged, or its judgement/buffer is unreadable.
+        NotReflectable: The session is not completed, not judged, its judgement/buffer is unreadable, or its question
+            is a held-out one (issue 62; the message names its id).
         PolicyError: Sampling failed (nothing written).
         StoreError: The batch could not be stored (nothing written).
     """
     _check_args(candidates, temperature, threshold, max_tokens, trajectory_chars, seed)
     rec = await asyncio.to_thread(log.get, session_id)
+    found = (heldout if heldout is not None else heldout_guard()).question_id(rec.question)
+    if found is not None:  # before anything is sampled: no reflection, stored or banked, of a held-out question
+        raise NotReflectable(session_id, f"its question is held-out question {found}; held-out questions are for "
+                                         "evaluation only and nothing derived from them may enter the rubric bank")
     judgement, rubrics = await asyncio.to_thread(_judgement_and_rubrics, log, rec)
     messages = reflection_messages(rec.question, rec.trajectory, trajectory_chars)
     prompt, gens = await _sample(policy, messages, candidates, max_tokens, float(temperature), seed)
@@ -378,7 +388,8 @@ def _withdraw(bank: RubricBank, session_id: str, item_id: str) -> str:
     return "the session was deleted meanwhile; its item was taken out of the bank again"
 
 
-_WRITE_OPTIONS = frozenset({"candidates", "temperature", "threshold", "max_tokens", "trajectory_chars", "seed"})
+_WRITE_OPTIONS = frozenset({"candidates", "temperature", "threshold", "max_tokens", "trajectory_chars", "seed",
+                            "heldout"})
 
 
 @dataclass

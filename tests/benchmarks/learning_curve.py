@@ -286,6 +286,8 @@ class HeldoutEvaluator:
         self.service = ResearchService(policy, build_tools(settings.agent, index), self.log, settings.agent, bank)
         self.judge = build_judge(settings, self.log)
         self.inject = bank is not None
+        self.mode = "auto" if self.inject else "none"  # bank retrieval of each session (the memory study: "cross")
+        self.source = "eval"  # never learned from; the memory study's training sessions are "api", as a user's
 
     async def run(self, cfg: TrainConfig, items: Sequence[HeldoutItem], samples: int | range, meta: Mapping[str, Any],
                   say: Say) -> None:
@@ -306,11 +308,11 @@ class HeldoutEvaluator:
         records: list[dict[str, Any]] = []
         for s in _ids(samples):
             seed = sampling_seed(item.id, s)
-            opts: RunOptions = run_options(cfg, seed, "auto" if self.inject else "none").model_copy(
+            opts: RunOptions = run_options(cfg, seed, self.mode).model_copy(
                 update={"format": item.format})
             began = time.perf_counter()
             try:
-                out = await self.service.run(item.question, opts, source="eval")
+                out = await self.service.run(item.question, opts, source=self.source)
             except Exception as exc:  # noqa: BLE001 - a failed session scores 0, as in training's counts
                 records.append(base | {
                     "sample": s, "sampling_seed": seed, "failed": f"{type(exc).__name__}: {exc}",
@@ -339,6 +341,7 @@ class HeldoutEvaluator:
                 "stages_present": sorted(t.stages_present), "malformed": bool(t.malformed),
                 "tool_calls": len(t.tool_calls), "searched_titles": sorted({sn.title for sn in t.snippets.values()}),
                 "cited_titles": [sn.title for sn in report.references], "answer": report.body[:600],
+                "queries": [c.query for c in t.tool_calls], "injected": list(t.injected_bank_items),
                 "seconds": round(seconds, 1)})
         return sorted(records, key=lambda r: r["sample"])
 

@@ -1,0 +1,369 @@
+"""Does memory make the product better, with the weights frozen? (issue 62, part A; pre-registered in
+docs/learning/memory/PREREGISTRATION.md, which fixes every number below before any unit ran.)
+
+The shipped SFT adapter answers all along. Three held-out conditions, 40 questions x 3 samples each, the same
+sampling seed per (question, sample) in every condition:
+- off: no bank;
+- a: the product's own reflection writer (`learning.reflection.write_reflection`, production defaults), run on
+  judged sessions of training-split questions;
+- b: curated experience (`learning.reflection.experience.experience_item`) from the same sessions whose answer
+  matched gold: the query that found a gold passage, the titles cited, the short answer (the positive control).
+Retrieval is cross-question only (`bank_mode="cross"`); the banks go through the held-out guard on import.
+
+Units, each finished and committed on its own, resumable (rerun the same command):
+- `train`: 40 training questions x 1 session, offline-judged, then memory (a) and (b) from them
+  (OUT/memory-a.jsonl, OUT/memory-b.jsonl, OUT/train/);
+- `off-sK`, `a-sK`, `b-sK` (K = 0, 1, 2): one condition's sample K of the 40 held-out questions (OUT/samples/).
+A unit in progress lives in the git-ignored state folder (RUNS); only finished units reach OUT. On a new machine the
+committed units count as done and an unfinished one starts again.
+
+    for k in 0 1; do .venv/bin/python tests/benchmarks/memory_study.py --workers 2 --worker $k --commit & done
+    .venv/bin/python tests/benchmarks/memory_study.py --report-only      # OUT/summary.md and results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from learning_check import DEFAULT_MODEL, offline_settings  # noqa: E402
+from learning_curve import (  # noqa: E402
+    ARMS,
+    PROTOCOL_V2,
+    SFT_ADAPTER,
+    HeldoutEvaluator,
+    Unit,
+    append_records,
+    commit_outputs,
+    json_lines,
+    locked,
+    make_config,
+    read_records,
+    write_atomic,
+)
+
+from app.container import build_policy, build_reflection_judge  # noqa: E402
+from app.settings import Settings  # noqa: E402
+from learning.engines.threads import cpu_model  # noqa: E402
+from learning.eval.datasets import bench_spec  # noqa: E402
+from learning.eval.heldout import HeldoutItem, heldout_guard, load_heldout, session_figures, short_answer  # noqa: E402
+from learning.eval.memory_stats import analyse  # noqa: E402
+from learning.reflection.experience import experience_item  # noqa: E402
+from learning.reflection.writer import write_reflection  # noqa: E402
+from store.rubric_bank import RubricBank, read_jsonl  # noqa: E402
+
+OUT = ROOT / "docs" / "learning" / "memory"
+RUNS = ROOT / ".cache" / "memory_study"
+TRAIN_SPLIT = ROOT / "learning" / "sft" / "data" / "train"
+CONDITIONS = ("off", "a", "b")
+SAMPLES = 3
+TRAIN_QUESTIONS = 40  # 20 HotpotQA + 20 MuSiQue of the training split, drawn with TRAIN_SEED
+TRAIN_SEED = 62
+MATCH_F1 = 0.5  # memory (b): an answer "matched gold" at token F1 >= 0.5 of its short answer, or a cover-EM hit
+TRAIN_SAMPLE = 100  # the training sessions' sampling index (sampling_seed): never one of the held-out samples 0..2
+COMMIT = os.popen(f"git -C {ROOT} describe --always --dirty").read().strip() or None
+Say = Any
+
+
+ITEMS = 0  # --items: a smoke run's question count (0: the design's)
+
+
+def _set_folders(out: Path, runs: Path, items: int) -> None:
+    global OUT, RUNS, ITEMS
+    OUT, RUNS, ITEMS = out, runs, items
+
+
+def units() -> list[str]:
+    return ["train"] + [f"{c}-s{k}" for k in range(SAMPLES) for c in CONDITIONS]
+
+
+def worker_of(unit: str, workers: int) -> int:
+    """Worker 0: train, then the memory conditions; worker 1 the bank-off samples first (they need no memory)."""
+    if workers == 1:
+        return 0
+    order = {"train": 0, "off-s0": 1, "off-s1": 1, "off-s2": 1, "a-s0": 0, "b-s0": 0, "a-s1": 0, "b-s1": 1,
+             "a-s2": 1, "b-s2": 0}
+    return order[unit] % workers
+
+
+def train_items() -> list[HeldoutItem]:
+    """The training questions of the study: 20 of each source, drawn with TRAIN_SEED (never a held-out one: the
+    split was drawn before any training, and `refuse_heldout` would say so)."""
+    rng = random.Random(TRAIN_SEED)
+    out: list[HeldoutItem] = []
+    for source in ("hotpotqa", "musique"):
+        pool = [HeldoutItem(f"{source}:{e.id}", source, e.question, tuple(e.answers),
+                            tuple(e.metadata.get("supporting_titles") or ()), e.format)
+                for e in bench_spec(source).loader(TRAIN_SPLIT)]
+        out += rng.sample(pool, TRAIN_QUESTIONS // 2)
+    return out[: ITEMS] if ITEMS else out
+
+
+def unit_file(root: Path, unit: str) -> Path:
+    return root / "samples" / f"{unit}.jsonl"
+
+
+def unit_done(unit: str, items: Sequence[HeldoutItem]) -> bool:
+    if unit == "train":
+        return (OUT / "memory-a.jsonl").is_file() and (OUT / "memory-b.jsonl").is_file()
+    sample = int(unit.rsplit("-s", 1)[1])
+    have = {(r.get("item"), r.get("sample")) for r in read_records(unit_file(OUT, unit))}
+    return all((i.id, sample) in have for i in items)
+
+
+def matched(figures: Mapping[str, Any]) -> bool:
+    return (figures.get("answer_f1") or 0.0) >= MATCH_F1 or bool(figures.get("cover_em"))
+
+
+def _mentioned(text: str, pieces: Sequence[str]) -> list[str]:
+    low = text.casefold()
+    return [p for p in dict.fromkeys(pieces) if p.strip() and p.strip().casefold() in low]
+
+
+def item_meta(item: Any, record: Mapping[str, Any], memory: str) -> dict[str, Any]:
+    """What the item passes on that a later session could visibly reuse: the source session's queries and passage
+    titles that its text mentions (the same rule for both memories)."""
+    text = f"{item.rubrics}\n{item.takeaways}"
+    return {"id": item.id, "memory": memory, "question": item.question, "source_item": record["item"],
+            "queries": _mentioned(text, record.get("queries") or []),
+            "titles": _mentioned(text, [*record.get("searched_titles", []), *record.get("cited_titles", [])])}
+
+
+async def run_train(settings: Settings, say: Say) -> None:
+    """Training-split sessions (judged), then memory (a) and (b) from them, each exported to OUT."""
+    runs = RUNS / "train"
+    runs.mkdir(parents=True, exist_ok=True)
+    items = train_items()
+    cfg = make_config(PROTOCOL_V2, Unit(ARMS[0], 0, 1), RUNS)  # only its research options are used
+    policy = build_policy(settings, say)
+    try:
+        evaluator = HeldoutEvaluator(settings, policy, None, runs / "sessions.jsonl")
+        evaluator.source = "api"  # logged as a user's session: judged and reflected on as production does
+        await evaluator.run(cfg, items, range(TRAIN_SAMPLE, TRAIN_SAMPLE + 1),
+                            {"run": "train", "arm": "train", "seed": None, "step": 0}, say)
+        # judged as the product judges logged sessions (stored judgements, which the reflection writer reads)
+        from learning.judge.pipeline import judge_pending
+
+        judged = await judge_pending(evaluator.log, evaluator.judge)
+        say(f"judged {judged.judged} training session(s) ({judged.failed} failed)")
+        records = {r["item"]: r for r in read_records(runs / "sessions.jsonl")}
+        by_id = {i.id: i for i in items}
+        # (b): curated experience from the sessions that matched gold
+        b_items, b_meta = [], []
+        for rid, r in records.items():
+            if r.get("failed") or not matched(r["figures"]):
+                continue
+            rec = evaluator.log.get(r["session_id"])
+            item = experience_item(
+                question=rec.question, trajectory=rec.trajectory, useful_titles=by_id[rid].gold_titles,
+                cited_titles=r["cited_titles"], short_answer=short_answer(r.get("answer") or ""),
+                score=float(r["figures"].get("answer_f1") or 0.0), session_id=rec.session_id,
+                policy_version=rec.policy_version)
+            if item is not None:
+                b_items.append(item)
+                b_meta.append(item_meta(item, r, "b"))
+        say(f"memory (b): {len(b_items)} experience item(s) from {sum(matched(r['figures']) for r in records.values())}"
+            f" matched session(s) of {len(records)}")
+        # (a): the product's reflection writer, production defaults, into a bank of its own
+        bank = RubricBank(settings.store.model_copy(update={"bank": settings.store.bank.model_copy(update={
+            "collection": "memory_study_a"})}), heldout=heldout_guard())
+        done = {r["session_id"]: r for r in json_lines(runs / "reflections.jsonl")}
+        judge = build_reflection_judge(settings)
+        for n, (rid, r) in enumerate(records.items(), 1):
+            if r.get("failed") or r["session_id"] in done:
+                continue
+            began = time.perf_counter()
+            try:
+                o = await write_reflection(r["session_id"], log=evaluator.log, policy=policy, judge=judge, bank=bank,
+                                           seed=TRAIN_SEED * 1000 + n)
+                row = {"session_id": r["session_id"], "item": rid, "reason": o.reason, "valid": o.valid,
+                       "candidates": o.candidates, "best_score": o.best_score, "accepted": o.accepted}
+            except Exception as exc:  # noqa: BLE001 - one session's failure is recorded; the rest go on
+                row = {"session_id": r["session_id"], "item": rid, "reason": f"failed: {type(exc).__name__}: {exc}"}
+            append_records(runs / "reflections.jsonl", [row | {"seconds": round(time.perf_counter() - began, 1)}])
+            say(f"  reflection {n}/{len(records)} {rid}: {row['reason']} ({time.perf_counter() - began:.0f}s)")
+        rows = json_lines(runs / "reflections.jsonl")
+        a_items = [bank.get(r["accepted"]) for r in rows if r.get("accepted") and r["reason"] == "accepted"]
+        by_session = {r["session_id"]: r for r in records.values() if not r.get("failed")}
+        a_meta = [item_meta(i, by_session[i.session_id], "a") for i in a_items if i.session_id in by_session]
+    finally:
+        await policy.aclose()  # type: ignore[attr-defined]
+    (OUT / "train").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(runs / "sessions.jsonl", OUT / "train" / "sessions.jsonl")
+    shutil.copyfile(runs / "reflections.jsonl", OUT / "train" / "reflections.jsonl")
+    for name, its, meta in (("a", a_items, a_meta), ("b", b_items, b_meta)):
+        write_atomic(OUT / f"memory-{name}.meta.jsonl", "".join(json.dumps(m) + "\n" for m in meta))
+        write_atomic(OUT / f"memory-{name}.jsonl", "".join(json.dumps(_item_dict(i)) + "\n" for i in its))
+    say(f"memory (a): {len(a_items)} reflection(s) accepted of {len(rows)} session(s) reflected on")
+
+
+def _item_dict(item: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(item)
+
+
+async def run_eval(settings: Settings, unit: str, items: Sequence[HeldoutItem], say: Say) -> None:
+    condition, sample = unit.rsplit("-s", 1)[0], int(unit.rsplit("-s", 1)[1])
+    path = unit_file(RUNS, unit)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cfg = make_config(PROTOCOL_V2, Unit(ARMS[0], 0, 1), RUNS)
+    bank = None
+    if condition != "off":
+        bank = RubricBank(settings.store.model_copy(update={"bank": settings.store.bank.model_copy(update={
+            "collection": f"memory_study_eval_{condition}"})}), heldout=heldout_guard())
+        bank.clear()
+        result = bank.add_many(list(read_jsonl(OUT / f"memory-{condition}.jsonl")))  # through the held-out guard
+        say(f"memory ({condition}): {result.stored} item(s) in the bank")
+    policy = build_policy(settings, say)
+    try:
+        evaluator = HeldoutEvaluator(settings, policy, bank, path)
+        if bank is not None:
+            evaluator.mode = "cross"  # cross-question retrieval only (issue 62)
+        await evaluator.run(cfg, items, range(sample, sample + 1),
+                            {"run": condition, "arm": condition, "seed": None, "step": 0}, say)
+    finally:
+        await policy.aclose()  # type: ignore[attr-defined]
+    dst = unit_file(OUT, unit)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, dst)
+
+
+def report(items: Sequence[HeldoutItem]) -> dict[str, Any]:
+    records = {c: [r for k in range(SAMPLES) for r in read_records(unit_file(OUT, f"{c}-s{k}"))] for c in CONDITIONS}
+    meta = {m["id"]: m for c in ("a", "b") for m in json_lines(OUT / f"memory-{c}.meta.jsonl")}
+    result = analyse(records, meta, [i.id for i in items])
+    result["units"] = json_lines(OUT / "units.jsonl")
+    write_atomic(OUT / "results.json", json.dumps(result, indent=1))
+    write_atomic(OUT / "summary.md", summary_md(result))
+    return result
+
+
+def _ci(d: Mapping[str, Any]) -> str:
+    return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}], p {d['p']:.3f}, Holm p {d.get('p_holm', d['p']):.3f}"
+
+
+def summary_md(r: Mapping[str, Any]) -> str:
+    lines = ["# Memory with frozen weights: results as they stand", "",
+             "Written by `tests/benchmarks/memory_study.py --report-only` from the committed units; the analysis is "
+             "the one pre-registered in [PREREGISTRATION.md](PREREGISTRATION.md).", "",
+             f"Units done: {', '.join(r['done']) or 'none'}.", ""]
+    lines += ["## Means per condition", "", "| condition | n | " + " | ".join(r["metrics"]) + " |",
+              "|---|---|" + "---|" * len(r["metrics"])]
+    for c, row in r["means"].items():
+        lines.append(f"| {c} | {row['n']} | " + " | ".join(
+            "–" if row[m] is None else f"{row[m]:.3f}" for m in r["metrics"]) + " |")
+    if r.get("tests"):
+        lines += ["", "## Differences against bank off (hierarchical bootstrap, 95 % intervals)", "",
+                  "| comparison | metric | primary | difference |", "|---|---|---|---|"]
+        for t in r["tests"]:
+            lines.append(f"| {t['comparison']} | {t['metric']} | {'yes' if t['primary'] else 'no'} | {_ci(t)} |")
+    if r.get("acts"):
+        lines += ["", "## Does memory act? (the positive control)", "",
+                  "| memory | sessions | item in prompt | its query searched | its titles retrieved or cited |",
+                  "|---|---|---|---|---|"]
+        for c, a in r["acts"].items():
+            lines.append(f"| {c} | {a['sessions']} | {a['injected']:.3f} | {a['query_reused']:.3f} | "
+                         f"{a['titles_reused']:.3f} |")
+    if r.get("decision"):
+        lines += ["", "## Decision", "", r["decision"]]
+    return "\n".join(lines) + "\n"
+
+
+async def main_async(a: argparse.Namespace) -> int:
+    items = load_heldout()
+    items = items[: a.items] if a.items else items
+    began = time.perf_counter()
+
+    def say(message: str) -> None:
+        print(f"[{time.perf_counter() - began:8.1f}s] {message}", file=sys.stderr, flush=True)
+
+    if a.report_only:
+        locked(OUT, lambda: report(items))
+        print((OUT / "summary.md").read_text(encoding="utf-8"))
+        return 0
+    import torch
+
+    from learning.engines.weights import bundled_gguf_path, ensure_converted
+
+    threads = a.threads or max(1, (os.cpu_count() or 1) // a.workers)
+    torch.set_num_threads(threads)
+    model_dir = a.model_dir if (a.model_dir / "config.json").is_file() else locked(  # the trainer's bf16 folder, once
+        RUNS, lambda: ensure_converted(a.model_dir.parent, bundled_gguf_path()))
+    settings = offline_settings(RUNS / f"data-w{a.worker}", model_dir, PROTOCOL_V2.snippets,
+                                PROTOCOL_V2.snippet_chars, SFT_ADAPTER, PROTOCOL_V2.engine)
+    settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={"embedded_threads": threads})})
+    worked = 0
+    for unit in units():
+        if a.unit and unit not in a.unit:
+            continue
+        if (not a.unit and worker_of(unit, a.workers) != a.worker) or unit_done(unit, items):
+            continue
+        if unit != "train" and not unit.startswith("off") and not (OUT / "memory-a.jsonl").is_file():
+            say(f"{unit}: waiting for the train unit's memories; skipped this time")
+            continue
+        say(f"unit {unit} (worker {a.worker + 1}/{a.workers}, {threads} thread(s))")
+        t0 = time.perf_counter()
+        if unit == "train":
+            await run_train(settings, say)
+        else:
+            await run_eval(settings, unit, items, say)
+        minutes = (time.perf_counter() - t0) / 60
+        row = {"unit": unit, "minutes": round(minutes, 1), "worker": a.worker, "workers": a.workers,
+               "threads": threads, "commit": COMMIT, "cpu": cpu_model(),
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+        def finish(row: dict[str, Any] = row, unit: str = unit, minutes: float = minutes) -> None:
+            with (OUT / "units.jsonl").open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+            report(items)
+            if a.commit:
+                commit_outputs(OUT, f"Issue 62 memory study: unit {unit} done ({minutes:.0f} min)", say)
+
+        locked(OUT, finish)
+        say(f"unit {unit} done in {minutes:.1f} min")
+        worked += 1
+        if a.max_units and worked >= a.max_units:
+            break
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--worker", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch/llama.cpp threads (0: cores / workers)")
+    p.add_argument("--unit", action="append", choices=units(), help="only these units (repeatable)")
+    p.add_argument("--max-units", type=int, default=0)
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
+    p.add_argument("--commit", action="store_true", help="commit OUT as each unit ends")
+    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--out", type=Path, default=OUT, help="the committed results (default: docs/learning/memory)")
+    p.add_argument("--runs", type=Path, default=RUNS, help="the git-ignored state of units in progress")
+    p.add_argument("--items", type=int, default=0, help="only the first N held-out and training questions (a smoke "
+                   "run; never with the default --out)")
+    a = p.parse_args(argv)
+    if a.items and a.out == OUT:
+        p.error("--items changes the design: give a --out of its own")
+    _set_folders(a.out, a.runs, a.items)
+    if not 0 <= a.worker < a.workers:
+        p.error(f"--worker must be in 0..{a.workers - 1}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(main_async(a))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
