@@ -11,8 +11,10 @@ sampling seed per (question, sample) in every condition:
 Retrieval is cross-question only (`bank_mode="cross"`); the banks go through the held-out guard on import.
 
 Units, each finished and committed on its own, resumable (rerun the same command):
-- `train`: 40 training questions x 1 session, offline-judged, then memory (a) and (b) from them
-  (OUT/memory-a.jsonl, OUT/memory-b.jsonl, OUT/train/);
+- `train`: 40 training questions x 1 session, offline-judged, then memory (b) from them (OUT/memory-b.jsonl,
+  OUT/train/sessions.jsonl);
+- `reflect`: memory (a), the reflection writer on the same sessions (OUT/memory-a.jsonl, OUT/train/reflections.jsonl;
+  on a new machine it first redoes the sessions, with the same seeds);
 - `off-sK`, `a-sK`, `b-sK` (K = 0, 1, 2): one condition's sample K of the 40 held-out questions (OUT/samples/).
 A unit in progress lives in the git-ignored state folder (RUNS); only finished units reach OUT. On a new machine the
 committed units count as done and an unfinished one starts again.
@@ -87,16 +89,22 @@ def _set_folders(out: Path, runs: Path, items: int) -> None:
 
 
 def units() -> list[str]:
-    return ["train"] + [f"{c}-s{k}" for k in range(SAMPLES) for c in CONDITIONS]
+    return ["train", "reflect"] + [f"{c}-s{k}" for k in range(SAMPLES) for c in CONDITIONS]
+
+
+# Worker 0 builds the memories and evaluates (a); worker 1 the bank-off samples and (b), each (b) after an off sample
+# so that it never waits long for memory (b).
+PLAN = {"train": 0, "reflect": 0, "a-s0": 0, "a-s1": 0, "a-s2": 0,
+        "off-s0": 1, "b-s0": 1, "off-s1": 1, "b-s1": 1, "off-s2": 1, "b-s2": 1}
 
 
 def worker_of(unit: str, workers: int) -> int:
-    """Worker 0: train, then the memory conditions; worker 1 the bank-off samples first (they need no memory)."""
-    if workers == 1:
-        return 0
-    order = {"train": 0, "off-s0": 1, "off-s1": 1, "off-s2": 1, "a-s0": 0, "b-s0": 0, "a-s1": 0, "b-s1": 1,
-             "a-s2": 1, "b-s2": 0}
-    return order[unit] % workers
+    return PLAN[unit] % workers
+
+
+def needs(unit: str) -> Path | None:
+    """The memory file a unit needs before it can start (None: nothing)."""
+    return {"a": OUT / "memory-a.jsonl", "b": OUT / "memory-b.jsonl"}.get(unit.split("-")[0])
 
 
 def train_items() -> list[HeldoutItem]:
@@ -117,8 +125,8 @@ def unit_file(root: Path, unit: str) -> Path:
 
 
 def unit_done(unit: str, items: Sequence[HeldoutItem]) -> bool:
-    if unit == "train":
-        return (OUT / "memory-a.jsonl").is_file() and (OUT / "memory-b.jsonl").is_file()
+    if unit in ("train", "reflect"):
+        return (OUT / f"memory-{'b' if unit == 'train' else 'a'}.jsonl").is_file()
     sample = int(unit.rsplit("-s", 1)[1])
     have = {(r.get("item"), r.get("sample")) for r in read_records(unit_file(OUT, unit))}
     return all((i.id, sample) in have for i in items)
@@ -142,26 +150,29 @@ def item_meta(item: Any, record: Mapping[str, Any], memory: str) -> dict[str, An
             "titles": _mentioned(text, [*record.get("searched_titles", []), *record.get("cited_titles", [])])}
 
 
-async def run_train(settings: Settings, say: Say) -> None:
-    """Training-split sessions (judged), then memory (a) and (b) from them, each exported to OUT."""
+async def train_sessions(settings: Settings, policy: Any, say: Say) -> tuple[HeldoutEvaluator, dict[str, Any]]:
+    """The 40 training sessions (those already in RUNS are kept), judged as the product judges logged sessions."""
+    from learning.judge.pipeline import judge_pending
+
     runs = RUNS / "train"
     runs.mkdir(parents=True, exist_ok=True)
-    items = train_items()
     cfg = make_config(PROTOCOL_V2, Unit(ARMS[0], 0, 1), RUNS)  # only its research options are used
+    evaluator = HeldoutEvaluator(settings, policy, None, runs / "sessions.jsonl")
+    evaluator.source = "api"  # logged as a user's session: judged and reflected on as production does
+    await evaluator.run(cfg, train_items(), range(TRAIN_SAMPLE, TRAIN_SAMPLE + 1),
+                        {"run": "train", "arm": "train", "seed": None, "step": 0}, say)
+    judged = await judge_pending(evaluator.log, evaluator.judge)
+    if judged.judged or judged.failed:
+        say(f"judged {judged.judged} training session(s) ({judged.failed} failed)")
+    return evaluator, {r["item"]: r for r in read_records(runs / "sessions.jsonl")}
+
+
+async def run_train(settings: Settings, say: Say) -> None:
+    """The training sessions, then memory (b) from those that matched gold."""
     policy = build_policy(settings, say)
     try:
-        evaluator = HeldoutEvaluator(settings, policy, None, runs / "sessions.jsonl")
-        evaluator.source = "api"  # logged as a user's session: judged and reflected on as production does
-        await evaluator.run(cfg, items, range(TRAIN_SAMPLE, TRAIN_SAMPLE + 1),
-                            {"run": "train", "arm": "train", "seed": None, "step": 0}, say)
-        # judged as the product judges logged sessions (stored judgements, which the reflection writer reads)
-        from learning.judge.pipeline import judge_pending
-
-        judged = await judge_pending(evaluator.log, evaluator.judge)
-        say(f"judged {judged.judged} training session(s) ({judged.failed} failed)")
-        records = {r["item"]: r for r in read_records(runs / "sessions.jsonl")}
-        by_id = {i.id: i for i in items}
-        # (b): curated experience from the sessions that matched gold
+        evaluator, records = await train_sessions(settings, policy, say)
+        by_id = {i.id: i for i in train_items()}
         b_items, b_meta = [], []
         for rid, r in records.items():
             if r.get("failed") or not matched(r["figures"]):
@@ -175,12 +186,24 @@ async def run_train(settings: Settings, say: Say) -> None:
             if item is not None:
                 b_items.append(item)
                 b_meta.append(item_meta(item, r, "b"))
-        say(f"memory (b): {len(b_items)} experience item(s) from {sum(matched(r['figures']) for r in records.values())}"
-            f" matched session(s) of {len(records)}")
-        # (a): the product's reflection writer, production defaults, into a bank of its own
+        n_matched = sum(not r.get("failed") and matched(r["figures"]) for r in records.values())
+        say(f"memory (b): {len(b_items)} experience item(s) from {n_matched} matched session(s) of {len(records)}")
+    finally:
+        await policy.aclose()  # type: ignore[attr-defined]
+    (OUT / "train").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(RUNS / "train" / "sessions.jsonl", OUT / "train" / "sessions.jsonl")
+    _write_memory("b", b_items, b_meta)
+
+
+async def run_reflect(settings: Settings, say: Say) -> None:
+    """Memory (a): the product's reflection writer, production defaults, on every judged training session."""
+    runs = RUNS / "train"
+    policy = build_policy(settings, say)
+    try:
+        evaluator, records = await train_sessions(settings, policy, say)
         bank = RubricBank(settings.store.model_copy(update={"bank": settings.store.bank.model_copy(update={
             "collection": "memory_study_a"})}), heldout=heldout_guard())
-        done = {r["session_id"]: r for r in json_lines(runs / "reflections.jsonl")}
+        done = {r["session_id"] for r in json_lines(runs / "reflections.jsonl")}
         judge = build_reflection_judge(settings)
         for n, (rid, r) in enumerate(records.items(), 1):
             if r.get("failed") or r["session_id"] in done:
@@ -202,12 +225,14 @@ async def run_train(settings: Settings, say: Say) -> None:
     finally:
         await policy.aclose()  # type: ignore[attr-defined]
     (OUT / "train").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(runs / "sessions.jsonl", OUT / "train" / "sessions.jsonl")
     shutil.copyfile(runs / "reflections.jsonl", OUT / "train" / "reflections.jsonl")
-    for name, its, meta in (("a", a_items, a_meta), ("b", b_items, b_meta)):
-        write_atomic(OUT / f"memory-{name}.meta.jsonl", "".join(json.dumps(m) + "\n" for m in meta))
-        write_atomic(OUT / f"memory-{name}.jsonl", "".join(json.dumps(_item_dict(i)) + "\n" for i in its))
+    _write_memory("a", a_items, a_meta)
     say(f"memory (a): {len(a_items)} reflection(s) accepted of {len(rows)} session(s) reflected on")
+
+
+def _write_memory(name: str, items: Sequence[Any], meta: Sequence[Mapping[str, Any]]) -> None:
+    write_atomic(OUT / f"memory-{name}.meta.jsonl", "".join(json.dumps(m) + "\n" for m in meta))
+    write_atomic(OUT / f"memory-{name}.jsonl", "".join(json.dumps(_item_dict(i)) + "\n" for i in items))
 
 
 def _item_dict(item: Any) -> dict[str, Any]:
@@ -307,18 +332,23 @@ async def main_async(a: argparse.Namespace) -> int:
                                 PROTOCOL_V2.snippet_chars, SFT_ADAPTER, PROTOCOL_V2.engine)
     settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={"embedded_threads": threads})})
     worked = 0
-    for unit in units():
-        if a.unit and unit not in a.unit:
+    while True:
+        mine = [u for u in units() if (u in a.unit if a.unit else worker_of(u, a.workers) == a.worker)]
+        todo = [u for u in mine if not unit_done(u, items)]
+        ready = [u for u in todo if (n := needs(u)) is None or n.is_file()]
+        if not todo or (a.max_units and worked >= a.max_units):
+            break
+        if not ready:  # the other worker is still building a memory this worker's next unit needs
+            say(f"waiting for {', '.join(sorted({str(needs(u).name) for u in todo}))}")  # type: ignore[union-attr]
+            await asyncio.sleep(60)
             continue
-        if (not a.unit and worker_of(unit, a.workers) != a.worker) or unit_done(unit, items):
-            continue
-        if unit != "train" and not unit.startswith("off") and not (OUT / "memory-a.jsonl").is_file():
-            say(f"{unit}: waiting for the train unit's memories; skipped this time")
-            continue
+        unit = ready[0]
         say(f"unit {unit} (worker {a.worker + 1}/{a.workers}, {threads} thread(s))")
         t0 = time.perf_counter()
         if unit == "train":
             await run_train(settings, say)
+        elif unit == "reflect":
+            await run_reflect(settings, say)
         else:
             await run_eval(settings, unit, items, say)
         minutes = (time.perf_counter() - t0) / 60
@@ -336,8 +366,6 @@ async def main_async(a: argparse.Namespace) -> int:
         locked(OUT, finish)
         say(f"unit {unit} done in {minutes:.1f} min")
         worked += 1
-        if a.max_units and worked >= a.max_units:
-            break
     return 0
 
 
