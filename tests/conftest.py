@@ -34,7 +34,13 @@ CHROMA_START_TIMEOUT_S = 30.0
 # `make test` (and so CI) sets RUBRICEM_TEST_STRICT=1: a test that skips there fails instead, unless it is marked
 # `may_skip` with the reason it may. Otherwise a machine without PostgreSQL, Chromium or vLLM would pass green while
 # running none of the tests that need them.
-STRICT = os.environ.get("RUBRICEM_TEST_STRICT") == "1"
+def strict() -> bool:
+    """Read at each call, not once at import: tests/test_strict_mode.py runs these hooks in an inner pytest run
+    with the variable set by monkeypatch (issue 61)."""
+    return os.environ.get("RUBRICEM_TEST_STRICT") == "1"
+
+
+INSTALL_ADVICE = "Install what it needs (make install; PostgreSQL and Chromium as root)"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,15 +54,35 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """Under RUBRICEM_TEST_STRICT=1 a skip not marked `may_skip` becomes a failure that says what was missing."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
-    if not (STRICT and report.skipped) or item.get_closest_marker("may_skip") is not None:
+    if not (strict() and report.skipped) or item.get_closest_marker("may_skip") is not None:
         return
     if getattr(report, "wasxfail", None) is not None:
         return
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     report.outcome = "failed"
     report.longrepr = (f"skipped under RUBRICEM_TEST_STRICT=1 (make test, CI), where every test must run: {reason}. "
-                       "Install what it needs (make install; PostgreSQL and Chromium as root), or mark the test "
-                       "may_skip with the reason it may.")
+                       f"{INSTALL_ADVICE}, or mark the test may_skip with the reason it may.")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """Under RUBRICEM_TEST_STRICT=1 a skipped collection (a module-level `pytest.importorskip` or
+    `pytest.skip(allow_module_level=True)`) becomes a collection error naming the module and the reason.
+
+    Such a skip never reaches `pytest_runtest_makereport` (no test item exists), so without this a whole module could
+    skip under `make test` with rc 0 (issue 61). The report is changed here, before pytest hands it to
+    `pytest_collectreport`, because the session counts failures in its own `tryfirst` `pytest_collectreport`, which
+    would run before ours. No `may_skip` exemption: a mark cannot be read off a module that did not import. Like any
+    collection error, pytest then stops before running tests (unless --continue-on-collection-errors)."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if not (strict() and report.skipped):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = (f"{report.nodeid or collector.name} skipped at collection under RUBRICEM_TEST_STRICT=1 "
+                       f"(make test, CI), where every test must run: {reason}. {INSTALL_ADVICE}, or skip inside its "
+                       "tests instead, marked may_skip with the reason they may.")
 
 
 # Every test's seconds (setup, call and teardown together), written where the next session can read them: CI runs on
@@ -69,7 +95,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not STRICT or not _SECONDS:
+    if not strict() or not _SECONDS:
         return
     import tempfile
     import time

@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 
 from app.cli import main
-from learning.deeprubric.audit import DIMENSIONS, validate_pair
+from learning.deeprubric.audit import validate_pair
 from learning.deeprubric.build import AUDIT, PAIRS, TREES, BuildSettings, build, llm_components
 from learning.deeprubric.corpus import SeedPage
 from learning.deeprubric.llm import llm_steps
-from learning.deeprubric.records import Node, Passage, Statement, Tree, tree_from_json
-from learning.deeprubric.select import MIN_SELECTED
+from learning.deeprubric.records import Node, Passage, Statement, Tree
 from learning.deeprubric.synthesis import Skip
 from learning.deeprubric.tree import TreeConfig, leaves
 from learning.judge.client import JudgeClient
@@ -311,16 +310,24 @@ def test_mode_llm_without_an_endpoint_exits_2_and_writes_nothing(
 # -- end to end with a real model ------------------------------------------------------------------------------------
 
 
+# Both tests ask at temperature 0 (greedy; grammar-constrained JSON), so the model's answers are the same on every run
+# on one machine, and each test pins the outcome those answers must give (issue 61: they used to accept every
+# outcome). Measured 2026-12 on this project's Xeon VMs (AVX-512; the llama.cpp that `make install` builds), the same
+# in repeated runs (the second test also run alone). If another CPU variant or llama.cpp release changes the greedy answers, the
+# assertion messages carry the counts: measure again and pin the new outcome with its reading.
+
+
 @pytest.mark.slow
 def test_llm_build_served_by_llamacpp_runs_to_the_end(tmp_path: Path, llamacpp_server: str) -> None:
-    """SmolLM2-135M behind the llama-cpp-python server (grammar-constrained JSON): one tree, tiny budget. Whatever
-    the model gets wrong is repaired once, then dropped and counted; the build ends with consistent files.
+    """SmolLM2-135M behind the llama-cpp-python server, one tree, tiny budget (~20 s).
 
-    Measured (busy 2-core machine, ~21 s): the model's statements are not verbatim even after the repair, so both
-    are dropped and counted (`extract:not_verbatim`), the root is a leaf and the tree gives no pair
-    (`too_few_leaves`). Synthesis and audit on a hand-made tree with this model (measured once, not kept here: ~2
-    minutes for four requests) ended in `synthesis_invalid:selection_size` and `audit_invalid:schema`; the stand-in
-    tests above cover those paths exactly."""
+    What the model does: asked for the root's statements, it copies the passage's first sentence, then breaks the
+    second statement's `passage_id` string open, and answers the repair the same way. The client recovers only the
+    first statement's object, which lacks `statements`: an `extract:schema` failure after the one repair, nothing
+    salvaged or dropped. So the root keeps no statement and is a leaf ("gate": no new evidence, so neither the gate nor
+    the proposer is asked), and one leaf without statements gives no pair (SKIP too_few_leaves) and no synthesis call.
+    A pipeline that skipped the repair, kept an unparsed answer, branched without evidence or synthesised from an empty
+    tree would show other counts. (Synthesis and audit with this model: the next test.)"""
     client = JudgeClient(llamacpp_server, "smollm2", json_mode="json_object", max_tokens=256, timeout_s=120,
                          max_retries=1)
     config = TreeConfig(max_depth=1, children=(3,), max_nodes=4, top_k=1, passage_chars=600, statements_per_node=2)
@@ -331,38 +338,37 @@ def test_llm_build_served_by_llamacpp_runs_to_the_end(tmp_path: Path, llamacpp_s
     pairs = read_lines(tmp_path / PAIRS)
     llm = result.stats["llm"]
     assert tree["mode"] == audit["mode"] == "llm" and tree["model"] == audit["model"] == "smollm2"
-    assert llm["requests"] >= sum(llm["steps"].values()) and llm["completion_tokens"] > 0
-    assert llm["steps"]["extract"] == len(tree["tree"]["nodes"])  # every node retrieved and was extracted once
-    # Every kept statement is a verbatim piece of its node's passage, whatever the model wrote.
-    for node in tree["tree"]["nodes"]:
-        texts = {p["id"]: p["text"] for p in node["passages"]}
-        assert all(s["text"] in texts[s["passage_id"]] for s in node["statements"])
-    # A step failure is counted once per step call at most, and only after a repair request was sent.
-    assert sum(llm["failures"].values()) <= sum(llm["steps"].values())
-    assert llm["requests"] >= sum(llm["steps"].values()) + sum(llm["failures"].values())
-    # The decision follows from the tree the model built: too few leaves with statements is a skip for that reason;
-    # otherwise synthesis ran, and either failed (a counted synthesis_* skip) or gave a pair the audit decided on.
-    usable = [x for x in leaves(tree_from_json(tree["tree"])) if x.statements]
-    if len(usable) < MIN_SELECTED:
-        assert (audit["decision"], audit["reason"]) == ("SKIP", "too_few_leaves")
-        assert llm["steps"].get("synthesise", 0) == 0 and not pairs
-    elif audit["decision"] == "SKIP":
-        assert audit["reason"].startswith("synthesis_") and any(k.startswith("synthesise:") for k in llm["failures"])
-    else:
-        assert llm["steps"]["synthesise"] == 1 and llm["steps"]["audit"] == 1
-    assert len(pairs) == (audit["decision"] in ("KEEP", "REVISE"))
-    for p in pairs:  # a written pair is whole
-        assert p["mode"] == "llm" and len(p["rubrics"]) >= 5
-        assert all(set(r["source_leaf_ids"]) <= set(p["selected_leaf_ids"]) for r in p["rubrics"])
+    got = {k: llm[k] for k in ("requests", "steps", "repaired")}
+    assert got == {"requests": 2, "steps": {"extract": 1}, "repaired": {}}, llm  # the answer and its one repair
+    # Both unusable, counted under the extract step. Why they are unusable depends on the greedy tokens, which differ
+    # between CPU variants and llama.cpp releases: measured `extract:schema` (2026-12, this Xeon) and, on an earlier
+    # machine, `extract:not_verbatim`. Either way the outcome below is the same.
+    reasons = {**llm["failures"], **llm["dropped"]}
+    assert reasons and set(reasons) <= {"extract:schema", "extract:not_verbatim"}, llm
+    assert llm["completion_tokens"] > 0
+    (root,) = tree["tree"]["nodes"]  # no children were proposed
+    assert (root["id"], root["stop"], root["statements"], root["children"]) == ("n0", "gate", [], []), root
+    assert [p["title"] for p in root["passages"]] == ["Haymo of Faversham"]  # it did retrieve (top_k 1)
+    assert [x["id"] for x in tree["leaves"]] == ["n0"]
+    assert (audit["decision"], audit["reason"]) == ("SKIP", "too_few_leaves") and pairs == []
+    assert audit["llm"]["requests"] == 0  # the skip is decided before any synthesis request
+    stats = (tmp_path / "stats.md").read_text()
+    assert "trees without a pair, by reason | too_few_leaves 1" in stats
+    assert "LLM step failures after repair, by reason | extract:" in stats or llm["dropped"], stats
 
 
 @pytest.mark.slow
 def test_synthesis_and_audit_served_by_llamacpp_end_with_a_defined_outcome(llamacpp_server: str,
                                                                             standin: OpenAIStandIn) -> None:
     """The two pair-making steps with the real model (the tree test above never reaches them: its tree has no
-    leaves). Synthesis on the hand-made tree, then an audit of a well-formed pair (made by the stand-in, so the audit
-    runs whatever the synthesis gave): each ends in a whole pair, a verdict, or a counted skip — never a crash or a
-    half-formed pair."""
+    statements), 1-2 minutes on a busy 2-core machine. Synthesis on the hand-made tree, then an audit of a
+    well-formed pair (made by the stand-in, so the audit runs whatever the synthesis gave).
+
+    What the model does: its synthesis selects no leaf (`"selected_leaf_ids": []`), in the answer and in the repair,
+    so the tree gives no pair: `synthesis_invalid:selection_size`. Its audit answers run past the 384-token budget
+    (cut-off JSON, twice); the client recovers only an inner object without the required keys, so the pair is
+    dropped for `audit_invalid:schema`, with no problems and no revision taken from the broken answer. Each step sent
+    exactly one repair request."""
     client = JudgeClient(llamacpp_server, "smollm2", json_mode="json_object", max_tokens=384, timeout_s=120,
                          max_retries=1)
     _p, _e, _g, synth, auditor, ledger = llm_steps(client, temperature=0.0)
@@ -370,6 +376,7 @@ def test_synthesis_and_audit_served_by_llamacpp_end_with_a_defined_outcome(llama
     standin.push(synthesis(rubrics(["n1", "n2", "n3"])))
     _sp, _se, _sg, scripted_synth, _sa, _sl = llm_steps(client_of(standin))
     good = run(scripted_synth.synthesise(tree, leaves(tree)))
+    assert validate_pair(good) == []
 
     async def go() -> tuple[Any, Any]:
         try:
@@ -383,22 +390,10 @@ def test_synthesis_and_audit_served_by_llamacpp_end_with_a_defined_outcome(llama
 
     made, verdict = run(go())
     counts = ledger.take()
-    assert counts["steps"] == {"synthesise": 1, "audit": 1} and counts["completion_tokens"] > 0
-    if isinstance(made, Skip):  # what the model got wrong was sent back once, then counted
-        assert made.reason.startswith("synthesis_") and sum(counts["failures"].values()) >= 1
-    else:
-        assert validate_pair(made) == [] and set(made.selected_leaf_ids) <= {"n1", "n2", "n3"}
-    # The audit's verdict is the model's only when its answer held: a failed audit is a DROP for the counted reason.
-    audit_failures = [k.split(":", 1)[1] for k in counts["failures"] if k.startswith("audit:")]
-    if audit_failures:
-        assert verdict.decision == "DROP" and verdict.reason in {f"audit_invalid:{c}" for c in audit_failures} | {
-            "audit_unavailable", "audit_rejected"}
-    elif verdict.decision == "KEEP":
-        assert verdict.revised is None
-    elif verdict.decision == "DROP":
-        assert (verdict.reason in DIMENSIONS or verdict.reason == "unspecified") and verdict.revised is None
-    else:
-        assert verdict.decision == "REVISE"
-        assert verdict.revised is not None and validate_pair(verdict.revised) == []
-    # a repaired or failed step sent its repair request too
-    assert counts["requests"] >= 2 + sum(counts["repaired"].values()) + sum(counts["failures"].values())
+    assert isinstance(made, Skip) and made.reason == "synthesis_invalid:selection_size", made
+    assert (verdict.decision, verdict.reason, verdict.problems, verdict.revised) == (
+        "DROP", "audit_invalid:schema", (), None), verdict
+    got = {k: counts[k] for k in ("requests", "steps", "repaired", "failures", "dropped")}
+    assert got == {"requests": 4, "steps": {"synthesise": 1, "audit": 1}, "repaired": {},
+                   "failures": {"synthesise:selection_size": 1, "audit:schema": 1}, "dropped": {}}, counts
+    assert counts["completion_tokens"] > 0

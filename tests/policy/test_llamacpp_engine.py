@@ -34,7 +34,10 @@ from learning.engines.client import AdapterLoadError
 from learning.engines.local_policy import TransformersPolicyClient
 from tests.adapters import scaled_adapter
 
-pytest.importorskip("llama_cpp")
+# llama-cpp-python comes with `make install` (the llamacpp extra) and every test here needs it, so its absence is a
+# broken install: a plain import fails collection with the ImportError, in every mode. A module-level
+# `pytest.importorskip` here skipped the whole module silently, even under RUBRICEM_TEST_STRICT=1 (issue 61).
+import llama_cpp  # noqa: F401
 
 from learning.engines.gguf_lora import GGUFConversionError, convert_lora  # noqa: E402
 from learning.engines.llamacpp_engine import EmbeddedLlamaCppClient  # noqa: E402
