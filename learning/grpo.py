@@ -437,7 +437,8 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
     # The KL anchor is the policy this run starts from: the init adapter, frozen beside the trained copy (issue 45).
     model, tokenizer = load_trainable(parts.model_dir, lora=lora, dtype=cfg.dtype, adapter=cfg.init_adapter,
                                       gradient_checkpointing=cfg.gradient_checkpointing, seed=cfg.seed,
-                                      reference=cfg.beta > 0)
+                                      reference=cfg.beta > 0,
+                                      reference_adapter=cfg.reference_adapter if cfg.beta > 0 else None)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
     credit = cfg.credit if cfg.reward == "stagewise" else "answer-only"  # DeepRubric: one scalar, plain GRPO
@@ -445,6 +446,8 @@ async def train(cfg: TrainConfig, parts: TrainerParts, run_dir: Path, progress: 
     start, deferred, resumed = 0, [], None
     ckpt = latest_checkpoint(run_dir / "checkpoints", on_skip=lambda m: _say(progress, m))
     anchor = start_digest(cfg.init_adapter)
+    if cfg.reference_adapter is not None:  # a resume must keep both the start and the anchor
+        anchor = f"{anchor}+reference:{start_digest(cfg.reference_adapter)}"
     if ckpt is not None:
         check_start(ckpt.state, anchor, run_dir)  # before anything is restored
         state = ckpt.restore(accelerator, parts.log, parts.bank)

@@ -37,6 +37,7 @@ def load_trainable(
     gradient_checkpointing: bool = True,
     seed: int = 0,
     reference: bool = False,
+    reference_adapter: Path | None = None,
 ) -> tuple[Any, Any]:
     """(model, tokenizer): the base model with a trainable LoRA adapter (fresh, or `adapter` to continue from), or
     the full model trainable when `lora` is None.
@@ -49,7 +50,11 @@ def load_trainable(
     harmlessly): a resumed run loads it again from `adapter`, and `learning.grpo` refuses a resume whose init
     adapter is not the one the run started from.
     A fresh adapter needs no copy: LoRA's B starts at zero, so the base with the adapter disabled is the start.
+    `reference_adapter` (with `reference` and an `adapter`) loads another adapter as the anchor instead: a long run
+    continued from its own committed adapter still anchors to where it began (issue 62).
     """
+    if reference_adapter is not None and (adapter is None or not reference):
+        raise ValueError("reference_adapter needs an adapter to continue from and reference=True")
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -71,7 +76,8 @@ def load_trainable(
         if adapter is not None:
             model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
             if reference:  # is_trainable=False: PEFT loads it frozen and leaves the trained adapter active
-                model.load_adapter(str(adapter), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+                anchor = reference_adapter if reference_adapter is not None else adapter
+                model.load_adapter(str(anchor), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
         else:
             torch.manual_seed(seed)  # LoRA A matrices are random: the same seed gives the same start
             config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,

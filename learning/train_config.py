@@ -29,6 +29,10 @@ class TrainConfig(BaseModel):
     out_dir: Path | None = Field(default=None, description="Run folder (default: DATA_DIR/runs/NAME).")
     model_dir: Path | None = Field(default=None, description="Base model folder (default: the bundled SmolLM2).")
     init_adapter: Path | None = Field(default=None, description="Start from this LoRA adapter (e.g. the live one).")
+    reference_adapter: Path | None = Field(
+        default=None, description="The KL anchor when it is not init_adapter: a long run continued on a new machine "
+        "from an adapter it committed keeps anchoring to the adapter the whole run began from (issue 62). Needs "
+        "init_adapter; default: init_adapter itself.")
     questions: Path | None = Field(
         default=None, description="Question pool: .txt (one per line), .jsonl with a 'question' field, or a DeepRubric "
         "pairs.jsonl (its rubrics become each question's persistent Answer-stage rubrics); default: questions built "
@@ -99,6 +103,8 @@ class TrainConfig(BaseModel):
         if self.verifiable_weight > 0 and self.reward != "stagewise":
             raise ValueError("verifiable_weight mixes into the stagewise judge's Answer score; reward = "
                              f"'{self.reward}' never reads it: set verifiable_weight = 0 or reward = 'stagewise'")
+        if self.reference_adapter is not None and self.init_adapter is None:
+            raise ValueError("reference_adapter anchors a run continued from init_adapter: set init_adapter too")
         return self
 
 

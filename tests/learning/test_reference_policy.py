@@ -110,3 +110,31 @@ def test_a_resume_from_another_starting_adapter_is_refused(tmp_path: Path) -> No
         check_start({"step": 3, "start_adapter": sft}, start_digest(other), tmp_path)
     with pytest.raises(TrainingError, match="no adapter_model weights file"):
         start_digest(tmp_path)
+
+
+def test_a_run_continued_from_its_own_adapter_keeps_its_first_anchor(from_adapter: tuple[object, object],
+                                                                     smollm2_dir: Path, tmp_path: Path) -> None:
+    """Issue 62: a long run continued on a new machine from the adapter it committed loads that adapter to train and
+    the adapter the run began from as its anchor, so the KL goes on from where it was instead of starting at 0."""
+    from learning.grpo import start_digest
+    from learning.train_config import load_config
+
+    model, tokenizer = load_trainable(smollm2_dir, lora=LoraSettings(), dtype="float32", adapter=SFT_ADAPTER,
+                                      gradient_checkpointing=False, reference=True)
+    _train(model, tokenizer, steps=3)
+    saved = save_adapter(model, tmp_path / "step-3")
+    assert start_digest(saved) != start_digest(SFT_ADAPTER)
+    kl_saved = _train(model, tokenizer, steps=1)[0]  # recorded before that update: the KL of the saved weights
+
+    again, tok = load_trainable(smollm2_dir, lora=LoraSettings(), dtype="float32", adapter=saved,
+                                gradient_checkpointing=False, reference=True, reference_adapter=SFT_ADAPTER)
+    continued = _train(again, tok, steps=1)[0]
+    assert kl_saved > 1e-5 and continued == pytest.approx(kl_saved, rel=0.05), (kl_saved, continued)
+    plain, tok2 = load_trainable(smollm2_dir, lora=LoraSettings(), dtype="float32", adapter=saved,
+                                 gradient_checkpointing=False, reference=True)
+    assert _train(plain, tok2, steps=1)[0] == pytest.approx(0.0, abs=1e-6)  # without it the anchor would reset
+
+    with pytest.raises(ValueError, match="reference_adapter needs an adapter"):
+        load_trainable(smollm2_dir, lora=LoraSettings(), adapter=None, reference=True, reference_adapter=SFT_ADAPTER)
+    with pytest.raises(ValueError, match="set init_adapter too"):
+        load_config(None, None, reference_adapter=SFT_ADAPTER)
