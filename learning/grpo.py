@@ -397,6 +397,9 @@ def _step_metrics(step: int, groups: Sequence[Group], counts: dict[str, int], ta
                                               / len(groups), 4)
         out["reward/group_sd_total"] = round(sum(float(g.scores.mean(dim=1).std(unbiased=False)) for g in groups)
                                              / len(groups), 4)
+        # Each rollout's total (the mean of its stage scores), one list per question: the step's training reward
+        # with an interval that treats questions and rollouts as random (issue 62's positive control).
+        out["reward/rollout_totals"] = [[round(float(x), 4) for x in g.scores.mean(dim=1)] for g in groups]
         terms = [t for g in groups for t in g.terms]
         for key in dict.fromkeys(k for t in terms for k in t):
             values = [t[key] for t in terms if key in t]

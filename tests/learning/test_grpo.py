@@ -240,13 +240,19 @@ def test_the_loop_trains_checkpoints_and_resumes_a_crashed_run_exactly(tiny_mode
     assert rows_a[0]["mode"] == "cross" and rows_a[1]["mode"] == "within" and rows_a[1]["replay"]
     assert all(math.isfinite(r["task/loss"]) for r in rows_a) and rows_a[1]["reflection/candidates"] == 2.0
     assert (folder_a / "adapters" / "straight@2" / "adapter_config.json").is_file()
+    for r in rows_a:  # each rollout's total, one list per question; their mean is the mean of the stage rewards
+        totals = [x for g in r["reward/rollout_totals"] for x in g]
+        assert len(r["reward/rollout_totals"]) == r["groups"] and len(totals) == r["groups"] * tiny["rollouts"]
+        mean_stages = sum(r[f"reward/{s}"] for s in ("plan", "research", "review", "answer")) / 4
+        assert sum(totals) / len(totals) == pytest.approx(mean_stages, abs=1e-3)
 
     with pytest.raises(KeyboardInterrupt):
         run("crashed", crash_at_call=3)  # step 0 uses calls 1-2; the crash is in step 1's first rollout
     resumed, folder_b = run("crashed")
     assert resumed.resumed_from == 0 and resumed.steps_done == 1
     rows_b = [json.loads(x) for x in (folder_b / "metrics.jsonl").read_text().splitlines()]
-    same = ("reward/plan", "reward/research", "reward/review", "reward/answer", "task/loss", "task/tokens",
+    same = ("reward/plan", "reward/research", "reward/review", "reward/answer", "reward/rollout_totals", "task/loss",
+            "task/tokens",
             "task/trainable_tokens", "reflection/loss", "reflection/mean_reward")
     assert {k: rows_b[-1][k] for k in same} == {k: rows_a[-1][k] for k in same}
     from safetensors.torch import load_file
