@@ -11,7 +11,9 @@ export TOKENIZERS_PARALLELISM := false
 export CMAKE_BUILD_PARALLEL_LEVEL := 2
 # llama-cpp-python is installed without its libraries (its own build compiles all 14 CPU variants or none, plus a
 # multimodal library never used); learning/engines/llamacpp_build.py then builds llama.cpp with CPU variants chosen at
-# run time (AVX2 to AVX-512 BF16, never AMX, which these VMs advertise and fault on), about 2.6 min on 2 cores.
+# run time (AVX2 to AVX-512 BF16, never AMX, which these VMs advertise and fault on): only those this CPU advertises,
+# plus the portable AVX2 one (issue 61; the others are named with the features they need), about 2.6 min on 2 cores
+# with all five.
 export CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 # Finished llama.cpp builds are kept here, keyed by release, variants and flags, so the next clone copies them instead
 # of compiling again (each file's SHA-256 checked on the way out).

@@ -22,7 +22,10 @@ machine copies it from there (about a second) instead of compiling again (about 
 pip's wheel cache played while pip built llama-cpp-python. A cached file whose hash no longer matches is not used; the
 build runs again and replaces the entry.
 
-    python -m learning.engines.llamacpp_build [--jobs 2] [--variants haswell,zen4] [--cache DIR]
+Only the variants this CPU advertises are compiled, plus the portable baseline (`haswell`); the others are named,
+with the features they need, in the output and in the stamp (`--variants` overrides the choice).
+
+    python -m learning.engines.llamacpp_build [--jobs 2] [--variants auto|haswell,zen4] [--cache DIR]
 """
 
 from __future__ import annotations
@@ -45,6 +48,19 @@ RELEASE = "0.3.36"  # llama-cpp-python's version: pyproject's [llamacpp] extra p
 # SHA-256 of that release's source archive on PyPI, checked before anything from it is compiled (as the vLLM wheel's)
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 VARIANTS = ("haswell", "skylakex", "icelake", "zen4", "alderlake")
+BASELINE = "haswell"  # the portable AVX2 level: always built, so a copied environment or a new CPU still has one
+# Each variant's feature set as /proc/cpuinfo names it (llama.cpp's GGML_CPU_ALL_VARIANTS list in
+# ggml/src/CMakeLists.txt; its AVX512 means F, CD, VL, DQ and BW). Issue 61: `make install` compiles only the variants
+# this CPU advertises, plus the baseline; on a 2-core AMD EPYC without AVX-512 the four others took about 6 minutes.
+_AVX2 = ("sse4_2", "avx", "f16c", "fma", "avx2", "bmi2")
+_AVX512 = (*_AVX2, "avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")
+FEATURES: dict[str, tuple[str, ...]] = {
+    "haswell": _AVX2,
+    "skylakex": _AVX512,
+    "icelake": (*_AVX512, "avx512vbmi", "avx512_vnni"),
+    "zen4": (*_AVX512, "avx512vbmi", "avx512_vnni", "avx512_bf16"),
+    "alderlake": (*_AVX2, "avx_vnni"),
+}
 STAMP_FILENAME = ".rubricem-llamacpp.json"
 _FORMAT = 1
 _COMMON_FLAGS = (
@@ -57,6 +73,39 @@ _COMMON_FLAGS = (
 
 class BuildError(RuntimeError):
     """A step of the build failed; the message names it and the command to retry."""
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
+    """The CPU's feature flags (the first `flags` line), or None where there is no /proc/cpuinfo to read."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    line = next((x for x in text.splitlines() if x.startswith("flags")), None)
+    return frozenset(line.split(":", 1)[1].split()) if line is not None and ":" in line else None
+
+
+def choose_variants(flags: frozenset[str] | None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The variants to build for a CPU with `flags`, in VARIANTS order, and why each other one is left out.
+
+    Every variant whose features the CPU advertises, plus BASELINE. Unknown flags (no /proc/cpuinfo): all of them.
+    A variant the CPU advertises but faults on is still built; the run-time probe (`cpu_backend`) rejects it.
+    """
+    if flags is None:
+        return VARIANTS, {}
+    chosen, skipped = [], {}
+    for v in VARIANTS:
+        missing = [f for f in FEATURES[v] if f not in flags]
+        if not missing or v == BASELINE:
+            chosen.append(v)
+        else:
+            skipped[v] = f"this CPU lacks {', '.join(missing)}"
+    return tuple(chosen), skipped
+
+
+def default_variants() -> tuple[str, ...]:
+    """What `make install` builds on this machine."""
+    return choose_variants(cpu_flags())[0]
 
 
 def package_lib_dir() -> Path:
@@ -180,8 +229,9 @@ def restore_from_cache(lib: Path, cache: Path, variants: tuple[str, ...]) -> str
 
 
 def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int | None = None,
-          say: object = print) -> dict[str, float]:
-    """Download llama-cpp-python's source release, build the libraries and variants, install them into `lib`.
+          say: object = print, skipped: dict[str, str] | None = None) -> dict[str, float]:
+    """Download llama-cpp-python's source release, build the libraries and variants, install them into `lib`
+    (`skipped`: the variants left out and why, kept in the stamp).
 
     Returns the seconds of each step. Raises BuildError with the failing step's log tail.
     """
@@ -250,7 +300,7 @@ def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int
                 continue  # the variants' own ggml-base is the same code as the core build's
             shutil.copy2(f, lib / f.name, follow_symlinks=False)
     steps["install"] = round(time.monotonic() - t, 1)
-    stamp = {**_wanted(variants), "seconds": steps, "jobs": jobs,
+    stamp = {**_wanted(variants), "skipped": skipped or {}, "seconds": steps, "jobs": jobs,
              "built_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())}
     (lib / STAMP_FILENAME).write_text(json.dumps(stamp, indent=1), encoding="utf-8")
     return steps
@@ -269,14 +319,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=None,
                     help="parallel compile jobs (default: cmake's own, CMAKE_BUILD_PARALLEL_LEVEL, which the Makefile "
                          "sets to 2)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="CPU variants to build (default: %(default)s)")
+    ap.add_argument("--variants", default="auto",
+                    help=f"CPU variants to build, comma-separated from {','.join(VARIANTS)}; auto (the default): "
+                         f"those this CPU advertises, plus {BASELINE}")
     ap.add_argument("--work", default=".cache/llama.cpp", help="download and build folder (default: %(default)s)")
     ap.add_argument("--cache", default=None,
                     help="a per-user folder that keeps finished builds for the next clone (default: none; the "
                          "Makefile passes ~/.cache/rubricem/llama.cpp)")
     ap.add_argument("--force", action="store_true", help="build even when the folder or the cache holds this build")
     args = ap.parse_args(argv)
-    variants = tuple(v for v in args.variants.split(",") if v)
+    skipped: dict[str, str] = {}
+    if args.variants == "auto":
+        variants, skipped = choose_variants(cpu_flags())
+        for v, why in skipped.items():
+            print(f"llama.cpp: CPU variant {v} not built ({why})")
+    else:
+        variants = tuple(v for v in args.variants.split(",") if v)
+        unknown = [v for v in variants if v not in VARIANTS]
+        if unknown or not variants:
+            ap.error(f"unknown CPU variant(s) {unknown or args.variants!r}; choose from {', '.join(VARIANTS)}")
     cache = Path(args.cache) if args.cache else None
     try:
         lib = package_lib_dir()
@@ -293,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"({time.monotonic() - started:.1f} s)")
                 return 0
             print(f"llama.cpp {RELEASE}: building ({why})")
-        build(lib, Path(args.work), variants, jobs=args.jobs)
+        build(lib, Path(args.work), variants, jobs=args.jobs, skipped=skipped)
         if cache is not None:
             _keep(lib, cache, variants)
     except BuildError as exc:

@@ -12,11 +12,14 @@ import pytest
 
 from learning.engines import llamacpp_build
 from learning.engines.llamacpp_build import (
+    BASELINE,
     RELEASE,
-    VARIANTS,
     BuildError,
     build,
     cache_key,
+    choose_variants,
+    cpu_flags,
+    default_variants,
     is_built,
     package_lib_dir,
     restore_from_cache,
@@ -34,6 +37,27 @@ def test_a_source_archive_that_is_not_the_pinned_one_is_removed_and_nothing_is_b
     with pytest.raises(BuildError, match=f"not the pinned {llamacpp_build.SDIST_SHA256}.*make install"):
         build(lib, tmp_path / "work", say=lambda _line: None)
     assert not sdist.exists() and not lib.exists() and not (tmp_path / "work" / "build-core").exists()
+
+
+VARIANTS = default_variants()  # what `make install` built on this machine
+
+
+def test_only_the_variants_this_cpu_advertises_are_built_plus_the_baseline(tmp_path: Path) -> None:
+    avx2 = frozenset("fpu sse4_2 avx f16c fma avx2 bmi2".split())
+    zen3 = choose_variants(avx2)  # an AMD EPYC without AVX-512 or AVX-VNNI
+    assert zen3[0] == ("haswell",) and set(zen3[1]) == {"skylakex", "icelake", "zen4", "alderlake"}
+    assert "avx512f" in zen3[1]["skylakex"] and "avx_vnni" in zen3[1]["alderlake"]
+    skx = avx2 | set("avx512f avx512cd avx512vl avx512dq avx512bw".split())
+    assert choose_variants(skx)[0] == ("haswell", "skylakex")
+    full = skx | set("avx512vbmi avx512_vnni avx512_bf16 avx_vnni".split())
+    assert choose_variants(full) == (("haswell", "skylakex", "icelake", "zen4", "alderlake"), {})
+    assert choose_variants(frozenset())[0] == (BASELINE,)  # the portable baseline, always
+    assert choose_variants(None)[0] == llamacpp_build.VARIANTS  # no /proc/cpuinfo: every variant
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 bmi2\n\nprocessor\t: 1\nflags\t\t: other\n")
+    assert cpu_flags(info) == frozenset({"fpu", "avx2", "bmi2"}) and cpu_flags(tmp_path / "none") is None
+    stamp = json.loads((package_lib_dir() / llamacpp_build.STAMP_FILENAME).read_text())
+    assert tuple(stamp["variants"]) == VARIANTS  # what `make install` built here is what this machine chooses
 
 
 def test_the_installed_folder_holds_this_build_and_a_changed_stamp_does_not(tmp_path: Path) -> None:
