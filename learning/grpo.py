@@ -328,12 +328,12 @@ def start_digest(adapter: Path | None) -> str | None:
     fresh LoRA."""
     if adapter is None:
         return None
-    import hashlib
+    from learning.engines.files import sha256_file
 
     files = sorted(Path(adapter).glob("adapter_model.*"))
     if not files:
         raise TrainingError(f"{adapter}: no adapter_model weights file to start from")
-    return hashlib.sha256(files[0].read_bytes()).hexdigest()
+    return sha256_file(files[0])
 
 
 def check_start(state: Mapping[str, Any], anchor: str | None, run_dir: Path) -> None:

@@ -34,7 +34,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from learning.engines.threads import cpu_model, file_lock, store_keyed
+from learning.engines.files import file_lock, store_keyed
+from learning.engines.threads import cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -212,9 +213,9 @@ def _probe_main(variant_path: str, gguf: str) -> None:
 
 
 def _register(variant: CpuVariant) -> None:
-    from learning.engines.llamacpp_engine import _install_log_callback
+    from learning.engines.llamacpp_log import install_log_callback
 
-    _install_log_callback()  # llama.cpp's own lines (the "loaded CPU backend" one too) go to Python logging
+    install_log_callback()  # llama.cpp's own lines (the "loaded CPU backend" one too) go to Python logging
     ggml = ctypes.CDLL(str((lib_dir() or variant.path.parent) / "libggml.so"), mode=os.RTLD_GLOBAL)
     ggml.ggml_backend_load.restype = ctypes.c_void_p
     ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]

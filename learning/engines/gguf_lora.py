@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from learning.engines.client import AdapterLoadError
-from learning.engines.threads import file_lock
+from learning.engines.files import file_lock, hash_into, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ def adapter_digest(adapter_dir: Path, base_gguf: Path) -> str:
     """A key for the converted file: the adapter's config and weights, the base GGUF's identity, the format."""
     h = hashlib.sha256(f"{LORA_CONVERSION_FORMAT}:{base_gguf.name}:{base_gguf.stat().st_size}".encode())
     for name in ("adapter_config.json", "adapter_model.safetensors"):
-        _hash_into(h, os.open(adapter_dir / name, os.O_RDONLY))
+        hash_into(h, os.open(adapter_dir / name, os.O_RDONLY))
     return h.hexdigest()[:24]
 
 
@@ -347,7 +347,7 @@ def _cached_file(target: Path, write: Callable[[Path], object]) -> Path:
             stale.unlink(missing_ok=True)
         write(target)
         target.chmod(0o600)  # writers such as llama.cpp's state saver leave the umask's mode
-        _write_atomically(record, _sha256(target))
+        _write_atomically(record, sha256_file(target, follow_links=False))
     return target
 
 
@@ -405,24 +405,10 @@ def _matches_record(target: Path, record: Path) -> bool:
         recorded = record.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return False
-    if hmac.compare_digest(_sha256(target), recorded):
+    if hmac.compare_digest(sha256_file(target, follow_links=False), recorded):
         return True
     log.warning("the cached file %s does not match its recorded digest: writing it again", target)
     return False
-
-
-def _sha256(path: Path) -> str:
-    """The SHA-256 of the file at `path` itself: a link is refused (O_NOFOLLOW), never followed."""
-    h = hashlib.sha256()
-    _hash_into(h, os.open(path, os.O_RDONLY | os.O_NOFOLLOW))
-    return h.hexdigest()
-
-
-def _hash_into(h: Any, fd: int) -> None:
-    """Feed the open file `fd` to the hash `h` in 1 MiB pieces, and close it."""
-    with open(fd, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -44,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from learning.engines.files import sha256_file
+
 RELEASE = "0.3.36"  # llama-cpp-python's version: pyproject's [llamacpp] extra pins the same
 # SHA-256 of that release's source archive on PyPI, checked before anything from it is compiled (as the vLLM wheel's)
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -165,10 +167,6 @@ def cache_key(variants: tuple[str, ...]) -> str:
     return f"{RELEASE}-{hashlib.sha256(wanted.encode()).hexdigest()[:16]}"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _clear_libraries(lib: Path) -> None:
     for stale in lib.glob("lib*.so*"):
         # ours from an earlier build, and a linked-in CPU backend or multimodal library from llama-cpp-python's own
@@ -188,7 +186,7 @@ def save_to_cache(lib: Path, cache: Path, variants: tuple[str, ...]) -> Path:
         for f in sorted(lib.glob("lib*.so*")):
             if _ours(f.name):
                 shutil.copy2(f, tmp / f.name, follow_symlinks=False)
-                files[f.name] = f"link:{os.readlink(f)}" if f.is_symlink() else _sha256(f)
+                files[f.name] = f"link:{os.readlink(f)}" if f.is_symlink() else sha256_file(f)
         stamp = json.loads((lib / STAMP_FILENAME).read_text(encoding="utf-8"))
         (tmp / "manifest.json").write_text(json.dumps({"files": files, "stamp": stamp}, indent=1), encoding="utf-8")
         shutil.rmtree(entry, ignore_errors=True)  # an entry that failed its check, being replaced
@@ -218,7 +216,7 @@ def restore_from_cache(lib: Path, cache: Path, variants: tuple[str, ...]) -> str
         if digest.startswith("link:"):
             if not path.is_symlink() or f"link:{os.readlink(path)}" != digest or "/" in digest:
                 return f"the cached {path} is not the link it was"
-        elif not path.is_file() or path.is_symlink() or _sha256(path) != digest:
+        elif not path.is_file() or path.is_symlink() or sha256_file(path) != digest:
             return f"the cached {path} changed since it was cached"
     lib.mkdir(parents=True, exist_ok=True)
     _clear_libraries(lib)
@@ -254,7 +252,7 @@ def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int
         sdist_dir.mkdir(parents=True, exist_ok=True)
         _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
               f"llama-cpp-python=={RELEASE}", "-d", str(sdist_dir)], log, "downloading llama-cpp-python's source")
-    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    digest = sha256_file(sdist)
     if digest != SDIST_SHA256:
         sdist.unlink()
         raise BuildError(f"llama-cpp-python {RELEASE}'s source archive has SHA-256 {digest}, not the pinned "

@@ -22,7 +22,6 @@ are whole sessions, one at a time.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ctypes
 import hashlib
@@ -30,7 +29,6 @@ import json
 import logging
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -50,6 +48,7 @@ from learning.engines.gguf_lora import (
     private_folder,
     recorded,
 )
+from learning.engines.llamacpp_log import install_log_callback, last_errors
 from learning.engines.weights import ModelConversionError, check_gguf, restore_hint
 from learning.engines.sampling import Row, continuation_logprobs, sample
 from learning.engines.threads import (
@@ -72,44 +71,10 @@ log = logging.getLogger(__name__)
 
 N_BATCH = 1024  # tokens per llama_decode call of a prompt: 5-10 % faster prefill than llama.cpp's 512 (issue 47)
 ANCHOR_STATE_FORMAT = 1  # bump to stop loading system messages saved by an earlier version (`_anchor_file`)
-_log_lock = threading.Lock()
-_recent_errors: collections.deque[str] = collections.deque(maxlen=20)
-_log_callback: Any = None  # the installed ctypes callback (kept alive for as long as llama.cpp may call it)
-
-
-def _install_log_callback() -> None:
-    """Route llama.cpp's own log lines to Python logging (debug), and keep its recent errors for our messages.
-
-    Without a callback llama.cpp prints every load detail to stderr; the adapter loader reports why it refused a file
-    only there.
-    """
-    global _log_callback
-    import llama_cpp.llama_cpp as lc
-
-    with _log_lock:
-        if _log_callback is not None:
-            return
-
-        @lc.llama_log_callback  # type: ignore[misc]
-        def _callback(level: int, text: bytes, _user: Any) -> None:
-            line = text.decode("utf-8", "replace").rstrip()
-            if level == 3 and line:  # GGML_LOG_LEVEL_ERROR
-                _recent_errors.append(line)
-            if line:
-                log.debug("llama.cpp: %s", line)
-
-        _log_callback = _callback
-        lc.llama_log_set(_callback, ctypes.c_void_p(0))
-
-
 def _llama_cpp_version() -> str:
     import llama_cpp
 
     return str(getattr(llama_cpp, "__version__", "?"))
-
-
-def _last_errors() -> str:
-    return "; ".join(list(_recent_errors)[-3:]) or "no reason logged"
 
 
 class LlamaCppEngine:
@@ -124,7 +89,7 @@ class LlamaCppEngine:
         import numpy as np
 
         self._lc, self._np = lc, np
-        _install_log_callback()
+        install_log_callback()
         try:  # before llama_backend_init, which otherwise searches only beside the Python executable
             self.cpu_variant = load_cpu_backend(gguf, cpu_record, cpu_variant)
         except CpuBackendError as exc:
@@ -133,7 +98,7 @@ class LlamaCppEngine:
         mparams = lc.llama_model_default_params()
         self._model = lc.llama_model_load_from_file(str(gguf).encode(), mparams)
         if not self._model:
-            raise PolicyUnavailable(f"llama.cpp could not load {gguf}: {_last_errors()}; {restore_hint(gguf)}")
+            raise PolicyUnavailable(f"llama.cpp could not load {gguf}: {last_errors()}; {restore_hint(gguf)}")
         cparams = lc.llama_context_default_params()
         cparams.n_ctx = n_ctx
         self.n_batch = min(N_BATCH, n_ctx)  # llama.cpp aborts (not errs) on a batch larger than its context
@@ -143,7 +108,7 @@ class LlamaCppEngine:
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lc.llama_model_free(self._model)
-            raise PolicyUnavailable(f"llama.cpp could not create a context for {gguf}: {_last_errors()}")
+            raise PolicyUnavailable(f"llama.cpp could not create a context for {gguf}: {last_errors()}")
         self.n_ctx = int(lc.llama_n_ctx(self._ctx))
         self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._model)))
         self.threads, self.batch_threads = threads, batch_threads
@@ -261,7 +226,7 @@ class LlamaCppEngine:
         if path is not None:
             new = lc.llama_adapter_lora_init(self._model, str(path).encode())
             if not new:
-                raise AdapterLoadError(f"llama.cpp refused the GGUF LoRA {path}: {_last_errors()}")
+                raise AdapterLoadError(f"llama.cpp refused the GGUF LoRA {path}: {last_errors()}")
         if new is None:
             code = lc.llama_set_adapters_lora(self._ctx, None, 0, None)
         else:

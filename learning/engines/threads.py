@@ -21,7 +21,6 @@ switch costs about a microsecond) and `threads_restored` puts the caller's count
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -30,6 +29,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from learning.engines.files import file_lock, store_keyed
 
 log = logging.getLogger(__name__)
 
@@ -177,17 +178,6 @@ def measure_plan(
                       timings=timings)
 
 
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on `path`: a second process converting or measuring the same cache waits here."""
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 def read_plan(path: Path, key: str) -> ThreadPlan | None:
     """The plan stored under `key` in the plan file, or None (no file, another key, unreadable)."""
     try:
@@ -197,26 +187,6 @@ def read_plan(path: Path, key: str) -> ThreadPlan | None:
                           timings=entry.get("timings", {}))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def store_keyed(path: Path, key: str, entry: object) -> None:
-    """Store `entry` under `key` in the JSON object file `path`, keeping the other keys' entries (atomic replace).
-    The per-machine records beside the model (thread plans, llama.cpp CPU variant probes) are such files."""
-    path = Path(path)
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(entries, dict):
-            entries = {}
-    except (OSError, ValueError):
-        entries = {}
-    entries[key] = entry
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()  # gone after the replace; left only by a failed write
 
 
 def write_plan(path: Path, key: str, plan: ThreadPlan) -> None:

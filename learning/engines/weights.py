@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from learning.engines.threads import file_lock
+from learning.engines.files import file_lock
 
 log = logging.getLogger(__name__)
 

@@ -61,7 +61,7 @@ from app.container import build_policy, build_reflection_judge  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from learning.engines.threads import cpu_model  # noqa: E402
 from learning.eval.datasets import bench_spec  # noqa: E402
-from learning.eval.heldout import HeldoutItem, heldout_guard, load_heldout, session_figures, short_answer  # noqa: E402
+from learning.eval.heldout import HeldoutItem, heldout_guard, load_heldout, short_answer  # noqa: E402
 from learning.eval.memory_stats import analyse  # noqa: E402
 from learning.reflection.experience import experience_item  # noqa: E402
 from learning.reflection.writer import write_reflection  # noqa: E402
