@@ -1,11 +1,10 @@
-"""`rubricem bank ...` as a user runs it (subprocess, embedded Chroma under a temporary data folder)."""
+"""`rubricem bank ...` as a user runs it (in process through tests/cli.py, embedded Chroma under a temporary data
+folder)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,12 @@ import pytest
 from store.config import StoreConfig
 from store.records import BankItem
 from store.rubric_bank import RubricBank
+from tests.cli import CliResult, run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def rubricem(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+def rubricem(args: list[str], env: dict[str, str]) -> CliResult:
+    """In process (tests/cli.py, issue 61): the console script's entry point without a Python start per call."""
+    return run_cli(args, env)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
-"""`rubricem users ...` and `rubricem sessions list --user` as an admin runs them (subprocess, SQLite store in a temp
-data folder, a real embedded Chroma bank): accounts, consent, per-user counts, delete-data with its registry mark,
-and bad input (an unknown user, an over-long password) with exit code 2 and no secret in any output."""
+"""`rubricem users ...` and `rubricem sessions list --user` as an admin runs them (in process through tests/cli.py,
+two calls as a real subprocess; SQLite store in a temp data folder, a real embedded Chroma bank): accounts, consent,
+per-user counts, delete-data with its registry mark, and bad input (an unknown user, an over-long password) with exit
+code 2 and no secret in any output."""
 
 from __future__ import annotations
 
@@ -18,13 +19,20 @@ from store.rubric_bank import RubricBank
 from store.session_log import ReflectionCandidate
 from store.teams import Teams
 from store.users import Users
+from tests.cli import CliResult, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = PromptRecord(text="p", token_ids=(1,), prompt_sha="s")
 BOB = "oidc:0123456789ab:bob-subject"  # an OIDC id as the UI makes it (app.ui.auth.oidc_user_id)
 
 
-def rubricem(args: list[str], env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
+def rubricem(args: list[str], env: dict[str, str], stdin: str = "") -> CliResult:
+    """In process (tests/cli.py): the same entry point as the console script, without a Python start per call."""
+    return run_cli(args, env, stdin)
+
+
+def rubricem_process(args: list[str], env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """The real console run, kept for the first test: the module entry point, its exit code and streams."""
     return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           input=stdin, timeout=300)
 
@@ -37,7 +45,8 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_accounts_consent_and_counts(env: dict[str, str], tmp_path: Path) -> None:
-    added = rubricem(["users", "add", "alice", "--password-stdin", "--consent", "no"], env, "alice's secret pw\n")
+    added = rubricem_process(["users", "add", "alice", "--password-stdin", "--consent", "no"], env,
+                             "alice's secret pw\n")
     assert added.returncode == 0, added.stderr
     assert "added alice (password, user)" in added.stdout and "secret" not in added.stdout + added.stderr
     assert rubricem(["users", "add", BOB, "--oidc", "--admin"], env).returncode == 0
@@ -49,7 +58,7 @@ def test_accounts_consent_and_counts(env: dict[str, str], tmp_path: Path) -> Non
     assert at_name.returncode == 2 and "no '@'" in at_name.stderr
     taken = rubricem(["users", "add", "alice", "--password-stdin"], env, "another long pw\n")
     assert taken.returncode == 2 and "already exists" in taken.stderr
-    too_long = rubricem(["users", "add", "carol", "--password-stdin"], env, "x" * 73 + "\n")
+    too_long = rubricem_process(["users", "add", "carol", "--password-stdin"], env, "x" * 73 + "\n")
     assert too_long.returncode == 2 and "at most 72 bytes" in too_long.stderr and "x" * 73 not in too_long.stderr
     with SessionLog(tmp_path / "data" / "rubricem.sqlite3") as log:
         for owner in ("alice", "alice", BOB):

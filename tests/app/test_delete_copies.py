@@ -1,17 +1,16 @@
 """Deletion reaches the copies a retraining cycle makes (issue 34, finding 5), through `rubricem users delete-data` as
-an admin runs it (subprocess, SQLite store in a temp data folder, real embedded Chroma): the run folder of a finished
-cycle that held the person's data (questions.jsonl, the rollouts' log, its checkpoint copies), the cycle's own
-`<bank>_run_<cycle>` collection and the judge's answer cache go; another cycle's folder and collection, and the
-adapters folder, stay. A deletion while a cycle runs marks the version that cycle registers afterwards, and the
-cycle's clean-up removes its folder when it ends. Run folders past the retention setting go after each cycle."""
+an admin runs it (in process through tests/cli.py, SQLite store in a temp data folder, real embedded Chroma): the run
+folder of a finished cycle that held the person's data (questions.jsonl, the rollouts' log, its checkpoint copies),
+the cycle's own `<bank>_run_<cycle>` collection and the judge's answer cache go; another cycle's folder and
+collection, and the adapters folder, stay. A deletion while a cycle runs marks the version that cycle registers
+afterwards, and the cycle's clean-up removes its folder when it ends. Run folders past the retention setting go after
+each cycle."""
 
 from __future__ import annotations
 
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import chromadb
@@ -25,17 +24,17 @@ from store.deletion import deletions, versions_trained_on_deleted_data
 from store.records import BankItem
 from store.registry import Registry
 from store.rubric_bank import RubricBank
+from tests.cli import CliResult, run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPT = PromptRecord(text="p", token_ids=(1,), prompt_sha="s")
 SECRET = "ZEBU-ALICE-5521"  # appears only in alice's question
 ALICE_Q = f"What did the {SECRET} ledger record in 1244?"
 BOB_Q = "Who founded the Franciscan order?"
 
 
-def rubricem(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+def rubricem(args: list[str], env: dict[str, str]) -> CliResult:
+    """In process (tests/cli.py, issue 61): the console script's entry point without a Python start per call."""
+    return run_cli(args, env)
 
 
 @pytest.fixture
