@@ -725,6 +725,38 @@ def training_signal(train: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[st
     return out
 
 
+def timestamped(began: float) -> Say:
+    """A progress printer to stderr, each line with the seconds since `began`."""
+    def say(message: str) -> None:
+        print(f"[{time.perf_counter() - began:8.1f}s] {message}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def converted_model(model_dir: Path, lock_dir: Path) -> Path:
+    """The trainer's bf16 folder of the bundled SmolLM2: `model_dir` when it is there, else converted into its
+    parent folder once (two workers starting together wait for each other on `lock_dir`'s lock)."""
+    from learning.engines.weights import bundled_gguf_path, ensure_converted
+
+    if (model_dir / "config.json").is_file():
+        return model_dir
+    return locked(lock_dir, lambda: ensure_converted(model_dir.parent, bundled_gguf_path()))
+
+
+def finish_unit(out: Path, row: Mapping[str, Any], report: Callable[[], Any], commit: str | None, say: Say) -> None:
+    """A finished unit, under OUT's lock: its row appended to OUT/units.jsonl, the report rewritten, and with
+    `commit` (the message), OUT committed (the memory study and the training dose share this)."""
+    def work() -> None:
+        with (out / "units.jsonl").open("a", encoding="utf-8") as f:  # one line, one write: workers share it
+            f.write(json.dumps({**row, "cpu": cpu_model(), "commit": COMMIT,
+                                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+        report()
+        if commit is not None:
+            commit_outputs(out, commit, say)
+
+    locked(out, work)
+
+
 def locked(out: Path, work: Callable[[], Any]) -> Any:
     """Run `work` holding OUT/.lock, the workers' one lock over OUT and the state they copy from it."""
     import fcntl

@@ -49,17 +49,18 @@ from learning_curve import (  # noqa: E402
     HeldoutEvaluator,
     Unit,
     append_records,
-    commit_outputs,
+    converted_model,
+    finish_unit,
     json_lines,
     locked,
     make_config,
     read_records,
+    timestamped,
     write_atomic,
 )
 
 from app.container import build_policy, build_reflection_judge  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from learning.engines.threads import cpu_model  # noqa: E402
 from learning.eval.datasets import bench_spec  # noqa: E402
 from learning.eval.heldout import HeldoutItem, heldout_guard, load_heldout, short_answer  # noqa: E402
 from learning.eval.memory_stats import analyse  # noqa: E402
@@ -76,7 +77,6 @@ TRAIN_QUESTIONS = 40  # 20 HotpotQA + 20 MuSiQue of the training split, drawn wi
 TRAIN_SEED = 62
 MATCH_F1 = 0.5  # memory (b): an answer "matched gold" at token F1 >= 0.5 of its short answer, or a cover-EM hit
 TRAIN_SAMPLE = 100  # the training sessions' sampling index (sampling_seed): never one of the held-out samples 0..2
-COMMIT = os.popen(f"git -C {ROOT} describe --always --dirty").read().strip() or None
 Say = Any
 
 
@@ -311,10 +311,7 @@ def summary_md(r: Mapping[str, Any]) -> str:
 async def main_async(a: argparse.Namespace) -> int:
     items = load_heldout()
     items = items[: a.items] if a.items else items
-    began = time.perf_counter()
-
-    def say(message: str) -> None:
-        print(f"[{time.perf_counter() - began:8.1f}s] {message}", file=sys.stderr, flush=True)
+    say = timestamped(time.perf_counter())
 
     if a.report_only:
         locked(OUT, lambda: report(items))
@@ -322,12 +319,9 @@ async def main_async(a: argparse.Namespace) -> int:
         return 0
     import torch
 
-    from learning.engines.weights import bundled_gguf_path, ensure_converted
-
     threads = a.threads or max(1, (os.cpu_count() or 1) // a.workers)
     torch.set_num_threads(threads)
-    model_dir = a.model_dir if (a.model_dir / "config.json").is_file() else locked(  # the trainer's bf16 folder, once
-        RUNS, lambda: ensure_converted(a.model_dir.parent, bundled_gguf_path()))
+    model_dir = converted_model(a.model_dir, RUNS)
     settings = offline_settings(RUNS / f"data-w{a.worker}", model_dir, PROTOCOL_V2.snippets,
                                 PROTOCOL_V2.snippet_chars, SFT_ADAPTER, PROTOCOL_V2.engine)
     settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={"embedded_threads": threads})})
@@ -352,18 +346,9 @@ async def main_async(a: argparse.Namespace) -> int:
         else:
             await run_eval(settings, unit, items, say)
         minutes = (time.perf_counter() - t0) / 60
-        row = {"unit": unit, "minutes": round(minutes, 1), "worker": a.worker, "workers": a.workers,
-               "threads": threads, "commit": COMMIT, "cpu": cpu_model(),
-               "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-
-        def finish(row: dict[str, Any] = row, unit: str = unit, minutes: float = minutes) -> None:
-            with (OUT / "units.jsonl").open("a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-            report(items)
-            if a.commit:
-                commit_outputs(OUT, f"Issue 62 memory study: unit {unit} done ({minutes:.0f} min)", say)
-
-        locked(OUT, finish)
+        finish_unit(OUT, {"unit": unit, "minutes": round(minutes, 1), "worker": a.worker, "workers": a.workers,
+                          "threads": threads}, lambda: report(items),
+                    f"Issue 62 memory study: unit {unit} done ({minutes:.0f} min)" if a.commit else None, say)
         say(f"unit {unit} done in {minutes:.1f} min")
         worked += 1
     return 0

@@ -43,15 +43,16 @@ from learning_curve import (  # noqa: E402
     PROTOCOL_V2,
     SFT_ADAPTER,
     HeldoutEvaluator,
-    commit_outputs,
+    converted_model,
+    finish_unit,
     json_lines,
     locked,
     read_records,
+    timestamped,
     train_questions,
     write_atomic,
 )
 
-from learning.engines.threads import cpu_model  # noqa: E402
 from learning.eval.dose_stats import positive_control  # noqa: E402
 from learning.eval.heldout import HeldoutItem, load_heldout  # noqa: E402
 from learning.eval.memory_stats import PRIMARY, SECONDARY, analyse  # noqa: E402
@@ -67,7 +68,6 @@ SAMPLES = 3
 DOSE: dict[str, Any] = {"batch_questions": 4, "rollouts": 4, "lr": 1e-4, "beta": 0.001, "verifiable_weight": 0.5,
                         "credit": "ss-grpo", "seed": 62}
 SMOKE_ITEMS = 0  # --smoke: held-out questions evaluated (0: all)
-COMMIT = os.popen(f"git -C {ROOT} describe --always --dirty").read().strip() or None
 Say = Any
 
 
@@ -222,10 +222,7 @@ def summary_md(r: Mapping[str, Any]) -> str:
 async def main_async(a: argparse.Namespace) -> int:
     items = load_heldout()
     items = items[:SMOKE_ITEMS] if SMOKE_ITEMS else items
-    began = time.perf_counter()
-
-    def say(message: str) -> None:
-        print(f"[{time.perf_counter() - began:8.1f}s] {message}", file=sys.stderr, flush=True)
+    say = timestamped(time.perf_counter())
 
     if a.report_only:
         locked(OUT, lambda: report(items))
@@ -233,13 +230,10 @@ async def main_async(a: argparse.Namespace) -> int:
         return 0
     import torch
 
-    from learning.engines.weights import bundled_gguf_path, ensure_converted
-
     threads = a.threads or (os.cpu_count() or 1)
     torch.set_num_threads(threads)
     RUNS.mkdir(parents=True, exist_ok=True)
-    model_dir = a.model_dir if (a.model_dir / "config.json").is_file() else locked(
-        RUNS, lambda: ensure_converted(a.model_dir.parent, bundled_gguf_path()))
+    model_dir = converted_model(a.model_dir, RUNS)
 
     def settings_for(adapter: Path) -> Any:
         s = offline_settings(RUNS / "data", model_dir, PROTOCOL_V2.snippets, PROTOCOL_V2.snippet_chars, adapter,
@@ -262,16 +256,8 @@ async def main_async(a: argparse.Namespace) -> int:
             await run_eval_unit(settings_for, k, items, say)
         minutes = (time.perf_counter() - t0) / 60
 
-        def finish(unit: str = unit, minutes: float = minutes) -> None:
-            with (OUT / "units.jsonl").open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"unit": unit, "minutes": round(minutes, 1), "threads": threads, "commit": COMMIT,
-                                    "cpu": cpu_model(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                  time.gmtime())}) + "\n")
-            report(items)
-            if a.commit:
-                commit_outputs(OUT, f"Issue 62 training dose: unit {unit} done ({minutes:.0f} min)", say)
-
-        locked(OUT, finish)
+        finish_unit(OUT, {"unit": unit, "minutes": round(minutes, 1), "threads": threads}, lambda: report(items),
+                    f"Issue 62 training dose: unit {unit} done ({minutes:.0f} min)" if a.commit else None, say)
         say(f"unit {unit} done in {minutes:.1f} min")
         worked += 1
         if a.max_units and worked >= a.max_units:
