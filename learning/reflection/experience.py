@@ -83,7 +83,7 @@ def experience_item(
     answer = clean(short_answer) if short_answer else ""
     rubrics = [f"- Search the passages with a query like `{clean(query)}`.",
                f"- The passages that held the answer: {'; '.join(titles)}."]
-    takeaways = [f"- The search `{clean(query)}` returned {titles[0]}, which answered the question."]
+    takeaways = [f"- The search `{clean(query)}` returned {titles[0]}, a passage that held the answer."]
     if cited:
         takeaways.append(f"- Cited: {'; '.join(cited)}.")
     if answer:

@@ -6,8 +6,9 @@ sampling seed per (question, sample) in every condition:
 - off: no bank;
 - a: the product's own reflection writer (`learning.reflection.write_reflection`, production defaults), run on
   judged sessions of training-split questions;
-- b: curated experience (`learning.reflection.experience.experience_item`) from the same sessions whose answer
-  matched gold: the query that found a gold passage, the titles cited, the short answer (the positive control).
+- b: curated experience (`learning.reflection.experience.experience_item`) from the same sessions in which a search
+  found a gold passage: the query that found it, the titles, the short answer where it matched gold (the positive
+  control; amendment 2 of the pre-registration, which also sets the retrieval threshold to 0.2).
 Retrieval is cross-question only (`bank_mode="cross"`); the banks go through the held-out guard on import.
 
 Units, each finished and committed on its own, resumable (rerun the same command):
@@ -75,6 +76,9 @@ CONDITIONS = ("off", "a", "b")
 SAMPLES = 3
 TRAIN_QUESTIONS = 40  # 20 HotpotQA + 20 MuSiQue of the training split, drawn with TRAIN_SEED
 TRAIN_SEED = 62
+# Amendment 2 (PREREGISTRATION.md): cross-question retrieval at cosine >= 0.2, not the product's 0.4, at which at most
+# 5 of the 40 held-out questions have any training question near enough (measured on the questions alone)
+MIN_SIMILARITY = 0.2
 MATCH_F1 = 0.5  # memory (b): an answer "matched gold" at token F1 >= 0.5 of its short answer, or a cover-EM hit
 TRAIN_SAMPLE = 100  # the training sessions' sampling index (sampling_seed): never one of the held-out samples 0..2
 Say = Any
@@ -167,32 +171,60 @@ async def train_sessions(settings: Settings, policy: Any, say: Say) -> tuple[Hel
     return evaluator, {r["item"]: r for r in read_records(runs / "sessions.jsonl")}
 
 
+def experience_memory(records: Mapping[str, Mapping[str, Any]], log: Any) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Memory (b) as amended before any memory condition ran (PREREGISTRATION.md, amendment 2): an experience item
+    from every training session in which a search returned a gold passage; the short answer only where it matched
+    gold (`matched`); the item's score is the session's gold recall."""
+    by_id = {i.id: i for i in train_items()}
+    items, meta = [], []
+    for rid, r in records.items():
+        if r.get("failed") or not (r["figures"].get("gold_recall") or 0.0) > 0:
+            continue
+        rec = log.get(r["session_id"])
+        item = experience_item(
+            question=rec.question, trajectory=rec.trajectory, useful_titles=by_id[rid].gold_titles,
+            cited_titles=r["cited_titles"],
+            short_answer=short_answer(r.get("answer") or "") if matched(r["figures"]) else None,
+            score=float(r["figures"]["gold_recall"]), session_id=rec.session_id, policy_version=rec.policy_version)
+        if item is not None:
+            items.append(item)
+            meta.append(item_meta(item, r, "b"))
+    return items, meta
+
+
 async def run_train(settings: Settings, say: Say) -> None:
-    """The training sessions, then memory (b) from those that matched gold."""
+    """The training sessions, then memory (b) from them."""
     policy = build_policy(settings, say)
     try:
         evaluator, records = await train_sessions(settings, policy, say)
-        by_id = {i.id: i for i in train_items()}
-        b_items, b_meta = [], []
-        for rid, r in records.items():
-            if r.get("failed") or not matched(r["figures"]):
-                continue
-            rec = evaluator.log.get(r["session_id"])
-            item = experience_item(
-                question=rec.question, trajectory=rec.trajectory, useful_titles=by_id[rid].gold_titles,
-                cited_titles=r["cited_titles"], short_answer=short_answer(r.get("answer") or ""),
-                score=float(r["figures"].get("answer_f1") or 0.0), session_id=rec.session_id,
-                policy_version=rec.policy_version)
-            if item is not None:
-                b_items.append(item)
-                b_meta.append(item_meta(item, r, "b"))
+        b_items, b_meta = experience_memory(records, evaluator.log)
         n_matched = sum(not r.get("failed") and matched(r["figures"]) for r in records.values())
-        say(f"memory (b): {len(b_items)} experience item(s) from {n_matched} matched session(s) of {len(records)}")
+        say(f"memory (b): {len(b_items)} experience item(s) from {len(records)} session(s), {n_matched} of which "
+            "matched gold")
     finally:
         await policy.aclose()  # type: ignore[attr-defined]
     (OUT / "train").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(RUNS / "train" / "sessions.jsonl", OUT / "train" / "sessions.jsonl")
     _write_memory("b", b_items, b_meta)
+
+
+def rebuild_b(say: Say) -> None:
+    """Amendment 2, applied to the committed train unit on the machine that ran it (its session log is needed):
+    the strict memory (b) is kept as memory-b-strict.jsonl, memory (b) rebuilt by `experience_memory`."""
+    from store.session_log import SessionLog
+
+    log_path = RUNS / "train" / "sessions.sqlite3"
+    if not log_path.is_file():
+        raise SystemExit(f"{log_path} is missing: the train unit's session log lives only on the machine that ran it")
+    for suffix in ("jsonl", "meta.jsonl"):
+        strict = OUT / f"memory-b-strict.{suffix}"
+        if not strict.is_file():
+            shutil.copyfile(OUT / f"memory-b.{suffix}", strict)
+    records = {r["item"]: r for r in read_records(RUNS / "train" / "sessions.jsonl")}
+    with SessionLog(log_path) as log:
+        items, meta = experience_memory(records, log)
+    _write_memory("b", items, meta)
+    say(f"memory (b) rebuilt: {len(items)} experience item(s) from {len(records)} session(s)")
 
 
 async def run_reflect(settings: Settings, say: Say) -> None:
@@ -249,7 +281,8 @@ async def run_eval(settings: Settings, unit: str, items: Sequence[HeldoutItem], 
     bank = None
     if condition != "off":
         bank = RubricBank(settings.store.model_copy(update={"bank": settings.store.bank.model_copy(update={
-            "collection": f"memory_study_eval_{condition}"})}), heldout=heldout_guard())
+            "collection": f"memory_study_eval_{condition}", "min_similarity": MIN_SIMILARITY})}),
+            heldout=heldout_guard())
         bank.clear()
         result = bank.add_many(list(read_jsonl(OUT / f"memory-{condition}.jsonl")))  # through the held-out guard
         say(f"memory ({condition}): {result.stored} item(s) in the bank")
@@ -313,6 +346,9 @@ async def main_async(a: argparse.Namespace) -> int:
     items = items[: a.items] if a.items else items
     say = timestamped(time.perf_counter())
 
+    if a.rebuild_b:
+        locked(OUT, lambda: rebuild_b(say))
+        return 0
     if a.report_only:
         locked(OUT, lambda: report(items))
         print((OUT / "summary.md").read_text(encoding="utf-8"))
@@ -364,6 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
     p.add_argument("--commit", action="store_true", help="commit OUT as each unit ends")
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--rebuild-b", action="store_true", help="amendment 2: rebuild memory (b) from the train unit's "
+                   "session log (on the machine that ran it), keeping the strict one as memory-b-strict.jsonl")
     p.add_argument("--out", type=Path, default=OUT, help="the committed results (default: docs/learning/memory)")
     p.add_argument("--runs", type=Path, default=RUNS, help="the git-ignored state of units in progress")
     p.add_argument("--items", type=int, default=0, help="only the first N held-out and training questions (a smoke "
