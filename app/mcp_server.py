@@ -9,7 +9,8 @@ gets the same "no session" answer as a missing one (`store.people.ScopedStore`),
 users' history stay private. `search_bank` returns rubrics and takeaways, but the question text only of items made
 from that identity's own sessions: other people's questions are withheld, as they are from prompts, and their items
 on (nearly) the query are left out before the top k are taken, with similarities on a 0.1 grid (issue 46), so the
-answer does not tell whether someone asked it.
+answer does not tell whether someone asked it. Someone else's experience item (issue 62), which quotes their search
+query and short answer, is never shown at all (`hidden_from_caller`).
 
 Over HTTP: only an exact bind of 127.0.0.1, localhost or ::1 may run without a token (other local processes can
 reach it; web pages cannot, see below); any other address, 127.0.0.2 included, needs a bearer token
@@ -50,6 +51,7 @@ from app import events as ev
 from app.container import Services
 from app.hostcheck import MIN_SECRET_CHARS, HostRuleError, host_rule, is_open_host
 from app.service import RunFailedError
+from learning.reflection.experience import EXPERIENCE_JUDGE
 from store.errors import SessionNotFound
 from store.owner import MCP, acting_as
 from store.people import ScopedStore, Viewer
@@ -147,6 +149,18 @@ class ResearchResult(BaseModel):
     support: CitationSupport | None = Field(default=None, description="Each cited sentence, checked.")
     policy_version: str
     tool_calls: int
+
+
+def hidden_from_caller(found: Sequence[StoredHit], owns: Callable[[str], bool], same: float) -> set[str]:
+    """The ids `search_bank` leaves out for a caller, before the top k are taken (so the answer is the one a bank
+    without them gives):
+    - someone else's item on (nearly) this very question (similarity >= the bank's `dedup_similarity`): it would
+      tell the caller that the question was asked, and when (issue 46);
+    - someone else's experience item (issue 62: `learning.reflection.experience`), whatever its similarity: it
+      quotes the search query, passages and short answer of that person's session, which name their question.
+      Only the model's prompt gets such strategy text, with the question withheld."""
+    return {h.item.id for h in found if not owns(h.item.session_id)
+            and (h.similarity >= same or h.item.judge_model == EXPERIENCE_JUDGE)}
 
 
 class BankHit(BaseModel):
@@ -480,9 +494,7 @@ def build_server(
         same = services.bank.config.dedup_similarity  # the bank's own "the same question in other words"
 
         def others_near(found: Sequence[StoredHit]) -> set[str]:
-            # Someone else's reflection on (nearly) this very question would tell the caller that it was asked, and
-            # when: it is left out before the top k are taken, so the answer is the one a bank without it gives.
-            return {h.item.id for h in found if h.similarity >= same and not _owns(h.item.session_id)}
+            return hidden_from_caller(found, _owns, same)
 
         hits = await asyncio.to_thread(services.bank.search, query, k, hidden=others_near)
         out: list[BankHit] = []

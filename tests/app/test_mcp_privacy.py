@@ -334,3 +334,22 @@ def test_a_listed_host_is_allowed_bare_for_a_proxy_and_with_the_port_for_direct_
     assert sec.enable_dns_rebinding_protection
     assert sec.allowed_hosts == ["10.0.0.5:8765", "mcp.example.org:8765", "mcp.example.org"]
     assert "https://mcp.example.org" in sec.allowed_origins and "http://evil.example" not in sec.allowed_origins
+
+
+def test_search_bank_never_shows_someone_elses_experience_item() -> None:
+    """Issue 62: an experience item quotes the query, passages and short answer of its session, which name that
+    person's question, so only its owner sees it through `search_bank`; a reflection of someone else stays shared
+    unless it is on (nearly) the query itself (issue 46)."""
+    from app.mcp_server import hidden_from_caller
+    from learning.reflection.experience import EXPERIENCE_JUDGE
+    from store.records import BankHit as StoredHit
+
+    def hit(session_id: str, judge: str, similarity: float) -> StoredHit:
+        item = BankItem.new(question=f"q of {session_id}", rubrics="r", takeaways="t", score=0.5, judge_model=judge,
+                            policy_version="base", session_id=session_id)
+        return StoredHit(item, similarity)
+
+    found = [hit("theirs", EXPERIENCE_JUDGE, 0.2), hit("mine", EXPERIENCE_JUDGE, 0.2), hit("theirs", "judge", 0.2),
+             hit("theirs", "judge", 0.97), hit("mine", "judge", 0.97)]
+    hidden = hidden_from_caller(found, lambda sid: sid == "mine", same=0.95)
+    assert hidden == {found[0].item.id, found[3].item.id}
