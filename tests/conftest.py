@@ -104,6 +104,19 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     rows = sorted(_SECONDS.items(), key=lambda kv: -kv[1])
     path.write_text("".join(f"{s:.1f}\t{nodeid}\n" for nodeid, s in rows), encoding="utf-8")
     terminalreporter.write_line(f"per-test seconds: {path} (total {sum(_SECONDS.values()):.0f} s)")
+    # The same, by component, where CI's printed log keeps it (issue 61: the next session reads `issues ci`).
+    terminalreporter.write_line("test-seconds by component: " + ", ".join(
+        f"{c} {s:.0f}" for c, s in component_seconds(_SECONDS)))
+
+
+def component_seconds(seconds: dict[str, float]) -> list[tuple[str, float]]:
+    """Seconds summed by component (the folder under tests/, or the file for a top-level test), largest first."""
+    out: dict[str, float] = {}
+    for nodeid, s in seconds.items():
+        parts = nodeid.split("::", 1)[0].split("/")
+        key = parts[1] if len(parts) > 2 else parts[-1]
+        out[key] = out.get(key, 0.0) + s
+    return sorted(out.items(), key=lambda kv: -kv[1])
 
 
 @pytest.fixture(scope="session")

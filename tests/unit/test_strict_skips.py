@@ -47,3 +47,12 @@ def test_without_strict_a_skip_stays_a_skip(tmp_path: Path) -> None:
     result = _run(tmp_path, strict=False)
     assert result.returncode == 0, result.stdout
     assert "1 passed, 2 skipped" in result.stdout
+
+
+def test_test_seconds_are_summed_by_component() -> None:
+    """The per-component line CI prints at the end (issue 61)."""
+    from tests.conftest import component_seconds
+
+    got = component_seconds({"tests/app/test_a.py::t1": 3.0, "tests/app/test_b.py::t2": 4.0,
+                             "tests/unit/test_c.py::t3[x]": 1.5, "tests/test_boundaries.py::t4": 9.0})
+    assert got == [("test_boundaries.py", 9.0), ("app", 7.0), ("unit", 1.5)]
