@@ -132,6 +132,7 @@ def analyse(records: Mapping[str, Sequence[Mapping[str, Any]]], meta: Mapping[st
     primary = [t for t in tests if t["primary"]]
     for t, p in zip(primary, holm([t["p"] for t in primary]), strict=True):
         t["p_holm"] = p
+        t["holm_family"] = len(primary)  # 4 once both memories are in; fewer in a partial report
     acts = {c: memory_acts(records[c], meta) for c in MEMORIES if c in done}
     complete = all(len(records.get(c) or []) >= len(items) * SAMPLES for c in (BASE, *MEMORIES))
     return {"done": done, "metrics": metrics, "means": means, "tests": tests, "acts": acts,

@@ -311,7 +311,8 @@ def report(items: Sequence[HeldoutItem]) -> dict[str, Any]:
 
 
 def _ci(d: Mapping[str, Any]) -> str:
-    return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}], p {d['p']:.3f}, Holm p {d.get('p_holm', d['p']):.3f}"
+    holm = f", Holm p {d['p_holm']:.3f} (of {d['holm_family']} tests)" if "p_holm" in d else ""
+    return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}], p {d['p']:.3f}{holm}"
 
 
 def summary_md(r: Mapping[str, Any]) -> str:
