@@ -107,3 +107,13 @@ def test_the_decision_rule_and_the_positive_control() -> None:
     wide = [{"memory": "b", "metric": "answer_f1", "mean": 0.0, "lo": -0.1, "hi": 0.1, "p": 0.9, "p_holm": 1.0}]
     assert decide(wide, True).startswith("Undecided")
     assert memory_acts([], meta)["injected"] == 0.0
+
+
+def test_ties_at_zero_count_half_to_each_side() -> None:
+    """Issue 62: most paired differences of a 0/1 figure are exactly 0; one question gaining must not read as p ~1."""
+    base = np.zeros((40, 3))
+    one = base.copy()
+    one[0] = 1.0  # one question right in every sample, nothing else changes
+    r = paired_bootstrap(one, base, draws=4000)
+    assert r["lo"] == 0.0 and r["hi"] > 0 and 0.2 < r["p"] < 0.6
+    assert paired_bootstrap(base, base, draws=500)["p"] == 1.0
