@@ -65,6 +65,7 @@ MEMORY = ROOT / "docs" / "learning" / "memory"  # the start's held-out samples (
 UNITS_OF_TRAINING = 6
 STEPS_PER_UNIT = 4
 SAMPLES = 3
+EVAL_THREADS = 1  # the start's samples were decoded with one thread per worker
 DOSE: dict[str, Any] = {"batch_questions": 4, "rollouts": 4, "lr": 1e-4, "beta": 0.001, "verifiable_weight": 0.5,
                         "credit": "ss-grpo", "seed": 62}
 SMOKE_ITEMS = 0  # --smoke: held-out questions evaluated (0: all)
@@ -155,7 +156,8 @@ async def run_eval_unit(settings_for: Any, k: int, items: Sequence[HeldoutItem],
     end = RUNS / "end-adapter"  # a copy: OUT/adapter may be replaced while this unit runs (it never is, but cheap)
     if not end.is_dir():
         shutil.copytree(adapter_dir(), end)
-    settings = settings_for(end)
+    # one decoding thread, as the memory study's bank-off samples (the start) were decoded: the same numerics
+    settings = settings_for(end, EVAL_THREADS)
     cfg = make_config(PROTOCOL_V2, Unit(ARMS[0], 0, 1), RUNS)  # the same research options as the start's samples
     policy = build_policy(settings, say)
     try:
@@ -235,10 +237,10 @@ async def main_async(a: argparse.Namespace) -> int:
     RUNS.mkdir(parents=True, exist_ok=True)
     model_dir = converted_model(a.model_dir, RUNS)
 
-    def settings_for(adapter: Path) -> Any:
+    def settings_for(adapter: Path, n_threads: int = threads) -> Any:
         s = offline_settings(RUNS / "data", model_dir, PROTOCOL_V2.snippets, PROTOCOL_V2.snippet_chars, adapter,
                              PROTOCOL_V2.engine)
-        return s.model_copy(update={"agent": s.agent.model_copy(update={"embedded_threads": threads})})
+        return s.model_copy(update={"agent": s.agent.model_copy(update={"embedded_threads": n_threads})})
 
     worked = 0
     for unit in units():
