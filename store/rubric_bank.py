@@ -435,13 +435,15 @@ class RubricBank:
         exclude_sha: str | None = None,
         embedding: Sequence[float] | np.ndarray | None = None,
         hidden: Callable[[Sequence[BankHit]], Iterable[str]] | None = None,
+        hold_back: bool = True,
     ) -> list[BankHit]:
         """The `k` items most similar to `question` (cosine), best first, optionally excluding one question hash.
 
         `hidden` (given the hits found so far, the ids the caller may not see: other people's questions) makes the
         answer not depend on whether such items exist (issue 46): the search goes deeper until k hits survive, and
         when it reaches the end of the bank it answers at most the bank's size less HELD_BACK hits, so a bank short
-        of k hits for the caller does not answer one hit fewer for a question someone else asked.
+        of k hits for the caller does not answer one hit fewer for a question someone else asked. `hold_back=False`
+        (a bank of one actor that only leaves out held-out items: nothing there is private) skips that last rule.
         """
         if k <= 0:
             return []
@@ -476,7 +478,7 @@ class RubricBank:
             unseen = set(hidden(hits)) if hidden is not None else set()
             kept = [h for h in hits if h.item.question_sha != exclude_sha and h.item.id not in unseen]
             whole_bank = len(ids) < depth
-            if whole_bank and hidden is not None:
+            if whole_bank and hidden is not None and hold_back:
                 return kept[:max(0, min(k, len(ids) - HELD_BACK))]
             if len(kept) >= k or whole_bank:
                 return kept[:k]
@@ -523,7 +525,7 @@ class RubricBank:
         threshold = self.config.min_similarity if min_similarity is None else min_similarity
         shared = self._owners is not None
         found = self.search(question, self.config.top_k if k is None else k, exclude_sha=sha, embedding=embedding,
-                            hidden=self._hidden if shared or self._heldout is not None else None)
+                            hidden=self._hidden if shared or self._heldout is not None else None, hold_back=shared)
         hits = [BankHit(withhold_question(h.item), coarse_similarity(h.similarity) if shared else h.similarity)
                 for h in found if h.similarity >= threshold]
         return Retrieval("cross", tuple(hits)) if hits else Retrieval("none")

@@ -110,3 +110,15 @@ def test_the_reflection_writer_refuses_a_held_out_session_before_sampling(tmp_pa
         with pytest.raises(NotReflectable, match="x:1"):
             asyncio.run(write_reflection(add_session(log, "s-demo"), log=log, policy=policy,
                                          judge=OfflineReflectionJudge(), bank=bank, heldout=other))
+
+
+def test_a_guarded_bank_of_one_actor_answers_as_many_hits_as_an_unguarded_one(tmp_path: Path) -> None:
+    """Leaving held-out items out must not bring in the shared bank's privacy rule (a bank short of hits answers
+    one fewer): a training run's bank of two items still gives both."""
+    plain = RubricBank(StoreConfig(data_dir=tmp_path / "data"))
+    a, b = item("Who wrote the novel Dracula?"), item("Which author wrote Frankenstein?")
+    assert plain.put(a).stored and plain.put(b).stored
+    ask = "Who wrote Carmilla and other gothic novels?"
+    want = plain.retrieve(ask, mode="cross", min_similarity=-1.0, k=2).item_ids
+    assert len(want) == 2
+    assert guarded(tmp_path / "data").retrieve(ask, mode="cross", min_similarity=-1.0, k=2).item_ids == want
