@@ -437,9 +437,8 @@ async def run_unit(opts: CurveOptions, settings: Settings, runs: Path, items: Se
                 if "message" in row:
                     say(f"[{unit.run}] {row['message']}")
                     return
-                r = " ".join(f"{s}={row.get(f'reward/{s}', math.nan):.3f}" for s in STAGES)
-                say(f"[{unit.run}] step {row['step'] + 1}: reward {r} | loss {row['task/loss']:+.4f} | skipped "
-                    f"{row.get('task/skipped')} | {row['seconds']:.0f}s")
+                say(f"[{unit.run}] step {row['step'] + 1}: reward {stage_rewards(row)} | loss {row['task/loss']:+.4f} "
+                    f"| skipped {row.get('task/skipped')} | {row['seconds']:.0f}s")
 
             await train(cfg, parts, run_dir, progress=on_row)
         version = f"{cfg.name}@{unit.step}"
@@ -723,6 +722,11 @@ def training_signal(train: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[st
                     "sd_total": mean_of(rows, "reward/group_sd_total"),
                     "kl_first": "–" if kls[0] is None else kls[0], "kl_last": "–" if kls[-1] is None else kls[-1]}
     return out
+
+
+def stage_rewards(row: Mapping[str, Any]) -> str:
+    """A training row's stage rewards on one line (`plan=0.917 research=…`), for progress output."""
+    return " ".join(f"{s}={row.get(f'reward/{s}', math.nan):.3f}" for s in STAGES)
 
 
 def timestamped(began: float) -> Say:

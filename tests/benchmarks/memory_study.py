@@ -35,6 +35,7 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -264,13 +265,7 @@ async def run_reflect(settings: Settings, say: Say) -> None:
 
 def _write_memory(name: str, items: Sequence[Any], meta: Sequence[Mapping[str, Any]]) -> None:
     write_atomic(OUT / f"memory-{name}.meta.jsonl", "".join(json.dumps(m) + "\n" for m in meta))
-    write_atomic(OUT / f"memory-{name}.jsonl", "".join(json.dumps(_item_dict(i)) + "\n" for i in items))
-
-
-def _item_dict(item: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(item)
+    write_atomic(OUT / f"memory-{name}.jsonl", "".join(json.dumps(asdict(i)) + "\n" for i in items))
 
 
 async def run_eval(settings: Settings, unit: str, items: Sequence[HeldoutItem], say: Say) -> None:

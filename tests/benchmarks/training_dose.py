@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import shutil
 import sys
@@ -48,6 +47,7 @@ from learning_curve import (  # noqa: E402
     json_lines,
     locked,
     read_records,
+    stage_rewards,
     timestamped,
     train_questions,
     write_atomic,
@@ -57,7 +57,6 @@ from learning.eval.dose_stats import positive_control  # noqa: E402
 from learning.eval.heldout import HeldoutItem, load_heldout  # noqa: E402
 from learning.eval.memory_stats import PRIMARY, SECONDARY, analyse  # noqa: E402
 from learning.train_config import TrainConfig, load_config  # noqa: E402
-from store.records import STAGES  # noqa: E402
 
 OUT = ROOT / "docs" / "learning" / "training"
 RUNS = ROOT / ".cache" / "training_dose"
@@ -120,9 +119,8 @@ async def run_training_unit(settings_for: Any, k: int, say: Say) -> None:
         if "message" in row:
             say(f"[u{k}] {row['message']}")
             return
-        r = " ".join(f"{s}={row.get(f'reward/{s}', math.nan):.3f}" for s in STAGES)
-        say(f"[u{k}] step {k * STEPS_PER_UNIT + row['step'] + 1}: reward {r} | kl {row.get('task/kl')} | "
-            f"sampler kl {row.get('task/sampler_kl')} | {row['seconds']:.0f}s")
+        say(f"[u{k}] step {k * STEPS_PER_UNIT + row['step'] + 1}: reward {stage_rewards(row)} | "
+            f"kl {row.get('task/kl')} | sampler kl {row.get('task/sampler_kl')} | {row['seconds']:.0f}s")
 
     try:
         summary = await train(cfg, parts, run_dir, progress=on_row)
