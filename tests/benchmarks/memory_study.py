@@ -14,8 +14,11 @@ Retrieval is cross-question only (`bank_mode="cross"`); the banks go through the
 Units, each finished and committed on its own, resumable (rerun the same command):
 - `train`: 40 training questions x 1 session, offline-judged, then memory (b) from them (OUT/memory-b.jsonl,
   OUT/train/sessions.jsonl);
-- `reflect`: memory (a), the reflection writer on the same sessions (OUT/memory-a.jsonl, OUT/train/reflections.jsonl;
-  on a new machine it first redoes the sessions, with the same seeds);
+- `reflect-0`, `reflect-1`: memory (a), the reflection writer on the same sessions, in two halves (every other
+  training question) so that two workers share it and each half ends within a session (about an hour on one core).
+  A half first redoes its sessions with the same seeds (the writer needs their trajectories, which live only in the
+  git-ignored session log), then writes OUT/memory-a-K.jsonl and OUT/train/reflections-K.jsonl; the half that
+  ends last joins them into OUT/memory-a.jsonl and OUT/train/reflections.jsonl;
 - `off-sK`, `a-sK`, `b-sK` (K = 0, 1, 2): one condition's sample K of the 40 held-out questions (OUT/samples/).
 A unit in progress lives in the git-ignored state folder (RUNS); only finished units reach OUT. On a new machine the
 committed units count as done and an unfinished one starts again.
@@ -93,13 +96,17 @@ def _set_folders(out: Path, runs: Path, items: int) -> None:
     OUT, RUNS, ITEMS = out, runs, items
 
 
+REFLECT_PARTS = 2  # memory (a) is written in this many halves, part k on training questions k, k + 2, ...
+
+
 def units() -> list[str]:
-    return ["train", "reflect"] + [f"{c}-s{k}" for k in range(SAMPLES) for c in CONDITIONS]
+    return (["train"] + [f"reflect-{k}" for k in range(REFLECT_PARTS)]
+            + [f"{c}-s{k}" for k in range(SAMPLES) for c in CONDITIONS])
 
 
-# Worker 0 builds the memories and evaluates (a); worker 1 the bank-off samples and (b), each (b) after an off sample
-# so that it never waits long for memory (b).
-PLAN = {"train": 0, "reflect": 0, "a-s0": 0, "a-s1": 0, "a-s2": 0,
+# Worker 0 builds memory (b) and the bank-off samples; worker 1 the (b) samples, each after an off sample so that it
+# never waits long for memory (b). The two halves of memory (a), then its samples, are split between both.
+PLAN = {"train": 0, "reflect-0": 0, "reflect-1": 1, "a-s0": 0, "a-s1": 1, "a-s2": 0,
         "off-s0": 1, "b-s0": 1, "off-s1": 1, "b-s1": 1, "off-s2": 1, "b-s2": 1}
 
 
@@ -130,8 +137,10 @@ def unit_file(root: Path, unit: str) -> Path:
 
 
 def unit_done(unit: str, items: Sequence[HeldoutItem]) -> bool:
-    if unit in ("train", "reflect"):
-        return (OUT / f"memory-{'b' if unit == 'train' else 'a'}.jsonl").is_file()
+    if unit == "train":
+        return (OUT / "memory-b.jsonl").is_file()
+    if unit.startswith("reflect-"):
+        return (OUT / "memory-a.jsonl").is_file() or (OUT / f"memory-a-{unit.rsplit('-', 1)[1]}.jsonl").is_file()
     sample = int(unit.rsplit("-s", 1)[1])
     have = {(r.get("item"), r.get("sample")) for r in read_records(unit_file(OUT, unit))}
     return all((i.id, sample) in have for i in items)
@@ -155,16 +164,18 @@ def item_meta(item: Any, record: Mapping[str, Any], memory: str) -> dict[str, An
             "titles": _mentioned(text, [*record.get("searched_titles", []), *record.get("cited_titles", [])])}
 
 
-async def train_sessions(settings: Settings, policy: Any, say: Say) -> tuple[HeldoutEvaluator, dict[str, Any]]:
-    """The 40 training sessions (those already in RUNS are kept), judged as the product judges logged sessions."""
+async def train_sessions(settings: Settings, policy: Any, say: Say, items: Sequence[HeldoutItem] | None = None,
+                         runs: Path | None = None) -> tuple[HeldoutEvaluator, dict[str, Any]]:
+    """The training sessions (by default all 40; those already in `runs` are kept), judged as the product judges
+    logged sessions."""
     from learning.judge.pipeline import judge_pending
 
-    runs = RUNS / "train"
+    runs = runs or RUNS / "train"
     runs.mkdir(parents=True, exist_ok=True)
     cfg = make_config(PROTOCOL_V2, Unit(ARMS[0], 0, 1), RUNS)  # only its research options are used
     evaluator = HeldoutEvaluator(settings, policy, None, runs / "sessions.jsonl")
     evaluator.source = "api"  # logged as a user's session: judged and reflected on as production does
-    await evaluator.run(cfg, train_items(), range(TRAIN_SAMPLE, TRAIN_SAMPLE + 1),
+    await evaluator.run(cfg, train_items() if items is None else items, range(TRAIN_SAMPLE, TRAIN_SAMPLE + 1),
                         {"run": "train", "arm": "train", "seed": None, "step": 0}, say)
     judged = await judge_pending(evaluator.log, evaluator.judge)
     if judged.judged or judged.failed:
@@ -228,39 +239,72 @@ def rebuild_b(say: Say) -> None:
     say(f"memory (b) rebuilt: {len(items)} experience item(s) from {len(records)} session(s)")
 
 
-async def run_reflect(settings: Settings, say: Say) -> None:
-    """Memory (a): the product's reflection writer, production defaults, on every judged training session."""
-    runs = RUNS / "train"
+async def run_reflect(settings: Settings, say: Say, part: int) -> None:
+    """Half `part` of memory (a): the product's reflection writer, production defaults, on every judged training
+    session of that half; the half that ends last joins both."""
+    runs = RUNS / f"train-{part}"
+    every = train_items()
+    mine = every[part::REFLECT_PARTS]
+    committed = {r["item"]: r for r in read_records(OUT / "train" / "sessions.jsonl")}
     policy = build_policy(settings, say)
     try:
-        evaluator, records = await train_sessions(settings, policy, say)
+        evaluator, records = await train_sessions(settings, policy, say, mine, runs)
+        # The redone sessions use the committed ones' seeds; whether they came out the same is recorded, not assumed.
+        same = sum(committed.get(rid, {}).get("answer") == r.get("answer") for rid, r in records.items())
+        say(f"redone training sessions: {same} of {len(records)} gave the committed unit's answer")
         bank = RubricBank(settings.store.model_copy(update={"bank": settings.store.bank.model_copy(update={
-            "collection": "memory_study_a"})}), heldout=heldout_guard())
+            "collection": f"memory_study_a{part}"})}), heldout=heldout_guard())
         done = {r["session_id"] for r in json_lines(runs / "reflections.jsonl")}
         judge = build_reflection_judge(settings)
-        for n, (rid, r) in enumerate(records.items(), 1):
+        index = {i.id: n for n, i in enumerate(every, 1)}  # the seed follows the question, whichever half it is in
+        for k, (rid, r) in enumerate(records.items(), 1):
             if r.get("failed") or r["session_id"] in done:
                 continue
             began = time.perf_counter()
             try:
                 o = await write_reflection(r["session_id"], log=evaluator.log, policy=policy, judge=judge, bank=bank,
-                                           seed=TRAIN_SEED * 1000 + n)
+                                           seed=TRAIN_SEED * 1000 + index[rid])
                 row = {"session_id": r["session_id"], "item": rid, "reason": o.reason, "valid": o.valid,
-                       "candidates": o.candidates, "best_score": o.best_score, "accepted": o.accepted}
+                       "candidates": o.candidates, "best_score": o.best_score, "accepted": o.accepted,
+                       "why_invalid": why_invalid(evaluator.log, o.batch_id)}
             except Exception as exc:  # noqa: BLE001 - one session's failure is recorded; the rest go on
                 row = {"session_id": r["session_id"], "item": rid, "reason": f"failed: {type(exc).__name__}: {exc}"}
+            row["same_as_committed"] = committed.get(rid, {}).get("answer") == r.get("answer")
             append_records(runs / "reflections.jsonl", [row | {"seconds": round(time.perf_counter() - began, 1)}])
-            say(f"  reflection {n}/{len(records)} {rid}: {row['reason']} ({time.perf_counter() - began:.0f}s)")
+            say(f"  reflection {k}/{len(records)} {rid}: {row['reason']} ({time.perf_counter() - began:.0f}s)")
         rows = json_lines(runs / "reflections.jsonl")
         a_items = [bank.get(r["accepted"]) for r in rows if r.get("accepted") and r["reason"] == "accepted"]
         by_session = {r["session_id"]: r for r in records.values() if not r.get("failed")}
         a_meta = [item_meta(i, by_session[i.session_id], "a") for i in a_items if i.session_id in by_session]
     finally:
         await policy.aclose()  # type: ignore[attr-defined]
-    (OUT / "train").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(runs / "reflections.jsonl", OUT / "train" / "reflections.jsonl")
-    _write_memory("a", a_items, a_meta)
-    say(f"memory (a): {len(a_items)} reflection(s) accepted of {len(rows)} session(s) reflected on")
+
+    def publish() -> None:
+        (OUT / "train").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(runs / "reflections.jsonl", OUT / "train" / f"reflections-{part}.jsonl")
+        _write_memory(f"a-{part}", a_items, a_meta)
+        join_memory_a(say)
+
+    locked(OUT, publish)
+    say(f"memory (a), half {part}: {len(a_items)} reflection(s) accepted of {len(rows)} session(s) reflected on")
+
+
+def why_invalid(log: Any, batch_id: str) -> list[dict[str, Any]]:
+    """Each candidate's finish reason, length and validity error (what the report says about memory (a)'s yield)."""
+    return [{"finish": c.candidate.finish_reason, "tokens": len(c.candidate.token_ids),
+             "error": (c.candidate.validity_error or "")[:160]}
+            for c in log.reflection_candidates(batch_id=batch_id)]
+
+
+def join_memory_a(say: Say) -> None:
+    """Once every half is written: memory-a.jsonl (and its meta, and train/reflections.jsonl) as their union."""
+    parts = range(REFLECT_PARTS)
+    if not all((OUT / f"memory-a-{k}.jsonl").is_file() for k in parts):
+        return
+    for name in ("memory-a.meta.jsonl", "train/reflections.jsonl", "memory-a.jsonl"):  # the last marks it done
+        pieces = [(OUT / name.replace(".", f"-{k}.", 1)).read_text(encoding="utf-8") for k in parts]
+        write_atomic(OUT / name, "".join(pieces))
+    say(f"memory (a): {len(json_lines(OUT / 'memory-a.jsonl'))} item(s) from {REFLECT_PARTS} halves")
 
 
 def _write_memory(name: str, items: Sequence[Any], meta: Sequence[Mapping[str, Any]]) -> None:
@@ -359,7 +403,7 @@ async def main_async(a: argparse.Namespace) -> int:
     settings = settings.model_copy(update={"agent": settings.agent.model_copy(update={"embedded_threads": threads})})
     worked = 0
     while True:
-        mine = [u for u in units() if (u in a.unit if a.unit else worker_of(u, a.workers) == a.worker)]
+        mine = [u for u in units() if (not a.unit or u in a.unit) and worker_of(u, a.workers) == a.worker]
         todo = [u for u in mine if not unit_done(u, items)]
         ready = [u for u in todo if (n := needs(u)) is None or n.is_file()]
         if not todo or (a.max_units and worked >= a.max_units):
@@ -373,8 +417,8 @@ async def main_async(a: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         if unit == "train":
             await run_train(settings, say)
-        elif unit == "reflect":
-            await run_reflect(settings, say)
+        elif unit.startswith("reflect-"):
+            await run_reflect(settings, say, int(unit.rsplit("-", 1)[1]))
         else:
             await run_eval(settings, unit, items, say)
         minutes = (time.perf_counter() - t0) / 60
@@ -391,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--worker", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch/llama.cpp threads (0: cores / workers)")
-    p.add_argument("--unit", action="append", choices=units(), help="only these units (repeatable)")
+    p.add_argument("--unit", action="append", choices=units(), help="only these units (repeatable); with --workers, each\n                   still goes to its worker in PLAN")
     p.add_argument("--max-units", type=int, default=0)
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
     p.add_argument("--commit", action="store_true", help="commit OUT as each unit ends")
