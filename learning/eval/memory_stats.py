@@ -41,16 +41,20 @@ def value(record: Mapping[str, Any], metric: str) -> float | None:
     return None if v is None else float(v)
 
 
-def table(records: Sequence[Mapping[str, Any]], metric: str, items: Sequence[str], samples: int = SAMPLES
-          ) -> np.ndarray:
-    """questions x samples of `metric` (NaN where missing or not applicable)."""
-    out = np.full((len(items), samples), np.nan)
+def table(records: Sequence[Mapping[str, Any]], metric: str, items: Sequence[str],
+          samples: int | Sequence[int] = SAMPLES) -> np.ndarray:
+    """questions x samples of `metric` (NaN where missing or not applicable). `samples`: how many (indices 0..n-1),
+    or which sample indices, in column order (a follow-up study's fresh samples 3..8)."""
+    index = list(range(samples)) if isinstance(samples, int) else list(samples)
+    column = {k: j for j, k in enumerate(index)}
+    out = np.full((len(items), len(index)), np.nan)
     row = {q: i for i, q in enumerate(items)}
     for r in records:
         i, s = row.get(r.get("item")), r.get("sample")
-        if i is not None and isinstance(s, int) and 0 <= s < samples:
+        j = column.get(s) if isinstance(s, int) and not isinstance(s, bool) else None
+        if i is not None and j is not None:
             v = value(r, metric)
-            out[i, s] = np.nan if v is None else v
+            out[i, j] = np.nan if v is None else v
     return out
 
 
@@ -112,33 +116,38 @@ def memory_acts(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Mapping
 
 
 def analyse(records: Mapping[str, Sequence[Mapping[str, Any]]], meta: Mapping[str, Mapping[str, Any]],
-            items: Sequence[str], draws: int = B) -> dict[str, Any]:
+            items: Sequence[str], draws: int = B, samples: Sequence[int] = tuple(range(SAMPLES)),
+            memories: Sequence[str] = MEMORIES) -> dict[str, Any]:
     """Means, paired tests (primary Holm-corrected), the positive control and the decision, for whatever
-    conditions `records` holds (a condition with no records is left out)."""
+    conditions `records` holds (a condition with no records is left out). `samples` and `memories` are the
+    design's (the follow-up study: samples 3..8, memory (b) only; the Holm family is then its 2 primary tests)."""
     metrics = [*PRIMARY, *SECONDARY, *REPORTED]
-    done = [c for c in (BASE, *MEMORIES) if records.get(c)]
+    samples = tuple(samples)
+    records = {c: [r for r in rs if r.get("sample") in samples] for c, rs in records.items()}
+    done = [c for c in (BASE, *memories) if records.get(c)]
     means: dict[str, dict[str, Any]] = {}
     for c in done:
         row: dict[str, Any] = {"n": len(records[c])}
         for m in metrics:
-            t = table(records[c], m, items)
+            t = table(records[c], m, items, samples)
             row[m] = None if np.all(np.isnan(t)) else float(np.nanmean(t))
         means[c] = row
     tests: list[dict[str, Any]] = []
     if BASE in done:
-        for c in MEMORIES:
+        for c in memories:
             if c not in done:
                 continue
             for m in metrics:
-                res = paired_bootstrap(table(records[c], m, items), table(records[BASE], m, items), draws)
+                res = paired_bootstrap(table(records[c], m, items, samples), table(records[BASE], m, items, samples),
+                                       draws)
                 tests.append({"comparison": f"{c} - {BASE}", "memory": c, "metric": m, "primary": m in PRIMARY}
                              | res)
     primary = [t for t in tests if t["primary"]]
     for t, p in zip(primary, holm([t["p"] for t in primary]), strict=True):
         t["p_holm"] = p
         t["holm_family"] = len(primary)  # 4 once both memories are in; fewer in a partial report
-    acts = {c: memory_acts(records[c], meta) for c in MEMORIES if c in done}
-    complete = all(len(records.get(c) or []) >= len(items) * SAMPLES for c in (BASE, *MEMORIES))
+    acts = {c: memory_acts(records[c], meta) for c in memories if c in done}
+    complete = all(len(records.get(c) or []) >= len(items) * len(samples) for c in (BASE, *memories))
     return {"done": done, "metrics": metrics, "means": means, "tests": tests, "acts": acts,
             "decision": decide(primary, complete)}
 

@@ -78,6 +78,10 @@ RUNS = ROOT / ".cache" / "memory_study"
 TRAIN_SPLIT = ROOT / "learning" / "sft" / "data" / "train"
 CONDITIONS = ("off", "a", "b")
 SAMPLES = 3
+# The confirmatory follow-up (confirm/PREREGISTRATION.md): fresh samples 3..8 of bank off and memory (b) only,
+# decided on those alone (never pooled with samples 0..2, so the first look costs it nothing).
+CONFIRM_SAMPLES = tuple(range(3, 9))
+CONFIRM_CONDITIONS = ("off", "b")
 TRAIN_QUESTIONS = 40  # 20 HotpotQA + 20 MuSiQue of the training split, drawn with TRAIN_SEED
 TRAIN_SEED = 62
 # Amendment 2 (PREREGISTRATION.md): cross-question retrieval at cosine >= 0.2, not the product's 0.4, at which at most
@@ -89,19 +93,29 @@ Say = Any
 
 
 ITEMS = 0  # --items: a smoke run's question count (0: the design's)
+MEMORY_DIR = OUT  # where the memories are read from (the follow-up study reads the main study's)
+CONFIRM = False
 
 
-def _set_folders(out: Path, runs: Path, items: int) -> None:
-    global OUT, RUNS, ITEMS
-    OUT, RUNS, ITEMS = out, runs, items
+def _set_folders(out: Path, runs: Path, items: int, confirm: bool = False) -> None:
+    global OUT, RUNS, ITEMS, MEMORY_DIR, CONFIRM
+    OUT, RUNS, ITEMS, MEMORY_DIR, CONFIRM = out, runs, items, out, confirm
+    if confirm:
+        OUT, RUNS = out / "confirm", runs / "confirm"
 
 
 REFLECT_PARTS = 2  # memory (a) is written in this many halves, part k on training questions k, k + 2, ...
 
 
+def design() -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The samples and conditions of the study being run."""
+    return (CONFIRM_SAMPLES, CONFIRM_CONDITIONS) if CONFIRM else (tuple(range(SAMPLES)), CONDITIONS)
+
+
 def units() -> list[str]:
-    return (["train"] + [f"reflect-{k}" for k in range(REFLECT_PARTS)]
-            + [f"{c}-s{k}" for k in range(SAMPLES) for c in CONDITIONS])
+    samples, conditions = design()
+    evals = [f"{c}-s{k}" for k in samples for c in conditions]
+    return evals if CONFIRM else ["train"] + [f"reflect-{k}" for k in range(REFLECT_PARTS)] + evals
 
 
 # Worker 0 builds memory (b) and the bank-off samples; worker 1 the (b) samples, each after an off sample so that it
@@ -111,12 +125,14 @@ PLAN = {"train": 0, "reflect-0": 0, "reflect-1": 1, "a-s0": 0, "a-s1": 1, "a-s2"
 
 
 def worker_of(unit: str, workers: int) -> int:
-    return PLAN[unit] % workers
+    if unit in PLAN:
+        return PLAN[unit] % workers
+    return int(unit.rsplit("-s", 1)[1]) % workers  # the follow-up: both conditions of a sample on one worker
 
 
 def needs(unit: str) -> Path | None:
     """The memory file a unit needs before it can start (None: nothing)."""
-    return {"a": OUT / "memory-a.jsonl", "b": OUT / "memory-b.jsonl"}.get(unit.split("-")[0])
+    return {"a": MEMORY_DIR / "memory-a.jsonl", "b": MEMORY_DIR / "memory-b.jsonl"}.get(unit.split("-")[0])
 
 
 def train_items() -> list[HeldoutItem]:
@@ -323,7 +339,7 @@ async def run_eval(settings: Settings, unit: str, items: Sequence[HeldoutItem], 
             "collection": f"memory_study_eval_{condition}", "min_similarity": MIN_SIMILARITY})}),
             heldout=heldout_guard())
         bank.clear()
-        result = bank.add_many(list(read_jsonl(OUT / f"memory-{condition}.jsonl")))  # through the held-out guard
+        result = bank.add_many(list(read_jsonl(MEMORY_DIR / f"memory-{condition}.jsonl")))  # through the held-out guard
         say(f"memory ({condition}): {result.stored} item(s) in the bank")
     policy = build_policy(settings, say)
     try:
@@ -340,9 +356,11 @@ async def run_eval(settings: Settings, unit: str, items: Sequence[HeldoutItem], 
 
 
 def report(items: Sequence[HeldoutItem]) -> dict[str, Any]:
-    records = {c: [r for k in range(SAMPLES) for r in read_records(unit_file(OUT, f"{c}-s{k}"))] for c in CONDITIONS}
-    meta = {m["id"]: m for c in ("a", "b") for m in json_lines(OUT / f"memory-{c}.meta.jsonl")}
-    result = analyse(records, meta, [i.id for i in items])
+    samples, conditions = design()
+    records = {c: [r for k in samples for r in read_records(unit_file(OUT, f"{c}-s{k}"))] for c in conditions}
+    meta = {m["id"]: m for c in ("a", "b") for m in json_lines(MEMORY_DIR / f"memory-{c}.meta.jsonl")}
+    result = analyse(records, meta, [i.id for i in items], samples=samples,
+                     memories=[c for c in conditions if c != "off"])
     result["units"] = json_lines(OUT / "units.jsonl")
     write_atomic(OUT / "results.json", json.dumps(result, indent=1))
     write_atomic(OUT / "summary.md", summary_md(result))
@@ -435,7 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--worker", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch/llama.cpp threads (0: cores / workers)")
-    p.add_argument("--unit", action="append", choices=units(), help="only these units (repeatable); with --workers, each\n                   still goes to its worker in PLAN")
+    p.add_argument("--unit", action="append", help="only these units (repeatable); with --workers, each still "
+                   "goes to its worker in PLAN")
     p.add_argument("--max-units", type=int, default=0)
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
     p.add_argument("--commit", action="store_true", help="commit OUT as each unit ends")
@@ -444,12 +463,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "session log (on the machine that ran it), keeping the strict one as memory-b-strict.jsonl")
     p.add_argument("--out", type=Path, default=OUT, help="the committed results (default: docs/learning/memory)")
     p.add_argument("--runs", type=Path, default=RUNS, help="the git-ignored state of units in progress")
+    p.add_argument("--confirm", action="store_true", help="the confirmatory follow-up (OUT/confirm/"
+                   "PREREGISTRATION.md): fresh samples 3..8 of bank off and memory (b)")
     p.add_argument("--items", type=int, default=0, help="only the first N held-out and training questions (a smoke "
                    "run; never with the default --out)")
     a = p.parse_args(argv)
     if a.items and a.out == OUT:
         p.error("--items changes the design: give a --out of its own")
-    _set_folders(a.out, a.runs, a.items)
+    _set_folders(a.out, a.runs, a.items, a.confirm)
+    if unknown := sorted(set(a.unit or ()) - set(units())):
+        p.error(f"unknown unit(s) {', '.join(unknown)}; this study's units are {', '.join(units())}")
     if not 0 <= a.worker < a.workers:
         p.error(f"--worker must be in 0..{a.workers - 1}")
     OUT.mkdir(parents=True, exist_ok=True)

@@ -117,3 +117,26 @@ def test_ties_at_zero_count_half_to_each_side() -> None:
     r = paired_bootstrap(one, base, draws=4000)
     assert r["lo"] == 0.0 and r["hi"] > 0 and 0.2 < r["p"] < 0.6
     assert paired_bootstrap(base, base, draws=500)["p"] == 1.0
+
+
+def test_the_follow_up_is_decided_on_its_own_fresh_samples_only() -> None:
+    """The confirmatory follow-up (docs/learning/memory/confirm/PREREGISTRATION.md) analyses samples 3..8 of bank off
+    and memory (b) alone: the first study's samples 0..2 never enter it, and its Holm family is its 2 tests."""
+    items = [f"q{i}" for i in range(40)]
+    fresh = range(3, 9)
+
+    def records(value: float, samples: range) -> list[dict]:
+        return [{"item": q, "sample": s, "figures": {"answer_f1": value, "citation_precision": value},
+                 "scores": {}, "injected": []} for q in items for s in samples]
+
+    # The old samples would show a large gain; the fresh ones show none. Only the fresh ones may count.
+    data = {"off": records(0.0, range(3)) + records(0.0, fresh), "b": records(0.9, range(3)) + records(0.0, fresh)}
+    r = analyse(data, {}, items, draws=500, samples=fresh, memories=("b",))
+    primary = [t for t in r["tests"] if t["primary"]]
+    assert [t["holm_family"] for t in primary] == [2, 2]
+    assert all(t["mean"] == 0.0 for t in primary)
+    assert r["means"]["b"]["n"] == 40 * 6
+    assert r["decision"].startswith("Memory does not help")
+    # A missing fresh sample leaves the follow-up undecided.
+    short = {"off": data["off"], "b": records(0.0, range(3, 8))}
+    assert analyse(short, {}, items, draws=200, samples=fresh, memories=("b",))["decision"].startswith("Not decided")
