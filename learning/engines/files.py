@@ -1,4 +1,5 @@
-"""The file helpers every engine uses: a cross-process lock, keyed JSON records, a file's SHA-256.
+"""The file helpers every engine uses: a cross-process lock, keyed JSON records, a file's SHA-256, and folders only
+this user can change (`private_dir`: the llama.cpp build cache, its installed libraries and the GGUF LoRA cache).
 
 One room for them (they were spread over `threads.py`, `gguf_lora.py`, `llamacpp_build.py` and `grpo.py`, the
 hash written three times). Standard library only: `llamacpp_build` runs during `make install`.
@@ -11,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,3 +64,134 @@ def sha256_file(path: Path, *, follow_links: bool = True) -> str:
     h = hashlib.sha256()
     hash_into(h, os.open(path, os.O_RDONLY | (0 if follow_links else os.O_NOFOLLOW)))
     return h.hexdigest()
+
+
+# -- private folders (issue 65, findings 10 and 11) -------------------------------------------------------------------
+
+MAX_LINKS = 40  # as the kernel's own limit on links followed in one lookup (ELOOP)
+
+
+class NotPrivate(PermissionError):
+    """A folder (or a file in it) that another user could write, replace or swap; the message says which and why."""
+
+
+def lookup(path: Path) -> tuple[Path, list[Path]]:
+    """The real path of `path` and every folder a lookup of it searches, links followed as the kernel follows them.
+
+    Why not only `os.path.realpath`: a link's target is checked through the real path, but the folder that holds the
+    link is searched too, and whoever can write that folder can point the link elsewhere. Missing components (a cache
+    not created yet) end the walk; they are appended to the real path as they are named.
+
+    Raises:
+        NotPrivate: more than MAX_LINKS links (a loop).
+    """
+    parts = list(Path(os.getcwd(), path).parts[1:])  # ".." is kept: after a link it is the target's parent
+    current, links, missing = Path("/"), 0, False
+    searched: list[Path] = []
+    while parts:
+        name = parts.pop(0)
+        if name == "..":
+            current = current.parent  # `current` holds no link, so its parent is the real one
+            continue
+        if missing:
+            current = current / name
+            continue
+        searched.append(current)
+        candidate = current / name
+        try:
+            st = candidate.lstat()
+        except FileNotFoundError:
+            missing, current = True, candidate
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                raise NotPrivate(f"{path} has more than {MAX_LINKS} links in its path (a loop?)")
+            target = Path(os.readlink(candidate))
+            if target.is_absolute():
+                current, parts = Path("/"), [*target.parts[1:], *parts]
+            else:
+                parts = [*target.parts, *parts]
+            continue
+        current = candidate
+    return current, list(dict.fromkeys(searched))
+
+
+def folder_problem(folder: Path, *, leaf: bool, root_may_own: bool = False) -> str | None:
+    """Why another user could change what `folder` holds, or None when no one but this user (and root) can.
+
+    A folder searched on the way (`leaf=False`) must belong to this user or root and be writable by no one else,
+    unless it is root's and sticky (/tmp: others may add names there, never rename or remove this user's). The folder
+    itself (`leaf=True`) must be this user's (or root's with `root_may_own`) and writable by no one else: sticky does
+    not help there, since a name another user adds is one this program would read.
+    """
+    try:
+        st = folder.lstat()
+    except OSError as exc:
+        return f"{folder} cannot be checked ({exc.strerror})"
+    me = os.geteuid()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"{folder} is not a folder (it changed while it was checked?)"
+    owners = (me, 0) if root_may_own or not leaf else (me,)
+    if st.st_uid not in owners:
+        return f"{folder} belongs to another user (uid {st.st_uid})"
+    if not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return None
+    mode = f"mode {stat.S_IMODE(st.st_mode):04o}"
+    if leaf:
+        return f"{folder} is a folder other users can write ({mode}), so they could put any file in it"
+    if st.st_uid == 0 and st.st_mode & stat.S_ISVTX:
+        return None
+    return (f"{folder} is a folder other users can write ({mode}), and not a sticky one of root's like /tmp, so they "
+            "could rename what is inside it and put their own in its place")
+
+
+def private_dir(path: Path, *, create: bool = True, mode: int = 0o700, root_may_own: bool = False) -> Path:
+    """The real path of the folder `path`, once every folder a lookup of it searches, and it, are checked private
+    (`folder_problem`); missing ones are created with `mode` (0700: owner only) whatever the umask, after their parents
+    were checked. Use the returned path from then on: the links on the way to it were checked as they were then.
+
+    Raises:
+        NotPrivate: which folder another user could change, and why.
+        FileNotFoundError: `path` does not exist and `create` is False.
+        OSError: a folder could not be created.
+    """
+    real, searched = lookup(Path(path))
+    for folder in searched:  # before anything is created in them
+        why = folder_problem(folder, leaf=False)
+        if why is not None:
+            raise NotPrivate(why)
+    missing = [p for p in (*reversed(real.parents), real) if not os.path.lexists(p)]
+    if missing and not create:
+        raise FileNotFoundError(f"{path} does not exist")
+    for folder in missing:
+        with contextlib.suppress(FileExistsError):  # made meanwhile: checked below like any other
+            os.mkdir(folder, mode)
+            os.chmod(folder, mode)  # the umask took bits away from mkdir's mode (0775 under umask 002)
+    again, searched = lookup(Path(path))
+    if again != real:
+        raise NotPrivate(f"{path} led to {again}, not {real}, when it was looked up again")
+    for folder in searched:
+        why = folder_problem(folder, leaf=False)
+        if why is not None:
+            raise NotPrivate(why)
+    why = folder_problem(real, leaf=True, root_may_own=root_may_own)
+    if why is not None:
+        raise NotPrivate(why)
+    return real
+
+
+def file_problem(path: Path) -> str | None:
+    """Why `path` is not a plain file only this user (or root) can write, or None. A link is a problem: the file it
+    names is somewhere else."""
+    try:
+        st = path.lstat()
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a plain file"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"{path} belongs to another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} can be written by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None

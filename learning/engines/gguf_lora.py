@@ -25,9 +25,9 @@ kernels take (the engine's `base_q8`, issue 47). `write_dense_gguf` writes the b
 f16), for measuring how much of the sampler's gap to the trainer is the 4-bit weights and how much the kernels.
 
 The cache (`cached_lora`, issue 46): llama.cpp trusts whatever GGUF it is given, so a cached conversion is served
-only from a folder no other user can write (nor any folder above it, unless sticky like /tmp), created private, and
-only while its SHA-256 matches the digest recorded beside it when it was written; a file that does not match, has no
-record, or is a link is converted again.
+only from a folder no other user can write (nor any folder a lookup of it searches, links' targets included, unless
+root's and sticky like /tmp; issue 65), created private, and only while its SHA-256 matches the digest recorded beside
+it when it was written; a file that does not match, has no record, or is a link is converted again.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from learning.engines.client import AdapterLoadError
-from learning.engines.files import file_lock, hash_into, sha256_file
+from learning.engines.files import NotPrivate, file_lock, hash_into, private_dir, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -352,49 +352,25 @@ def _cached_file(target: Path, write: Callable[[Path], object]) -> Path:
 
 
 def private_folder(folder: Path) -> Path:
-    """`folder`, created owner-only if missing, once it is known that no other user can write it or swap it.
+    """The real path of `folder`, created owner-only (0700, whatever the umask) if missing, once it is known that no
+    other user can write it or swap it (`files.private_dir`).
 
-    Every folder above it must be owned by this user or root and not writable by group or others, unless sticky
-    (like /tmp, where others cannot rename what is not theirs); the folder itself must be this user's and writable by
-    this user alone.
+    Every folder a lookup of it searches, the targets of links on the way included (a data folder that is a link into
+    a world-writable folder is that folder's), must be this user's or root's and writable by no one else, unless it is
+    root's and sticky like /tmp; the folder itself must be this user's and writable by this user alone.
 
     Raises:
-        GGUFConversionError: which folder other users can write, and what to do.
+        GGUFConversionError: which folder other users can write (or own), and what to do.
     """
-    folder = Path(os.path.abspath(folder))
-    for parent in reversed(folder.parents):  # before anything is created in them
-        _check_folder(parent, own=False)
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        folder.mkdir(mode=0o700, exist_ok=True)
+        return private_dir(Path(folder))
+    except NotPrivate as exc:
+        raise GGUFConversionError(
+            f"the GGUF LoRA cache {folder} is refused: {exc}; a file there could be a GGUF llama.cpp should not "
+            "load. `chmod go-w` the folder named (as its owner), or point RUBRICEM_STORE__DATA_DIR at a folder only "
+            "you and root can write") from exc
     except OSError as exc:
         raise GGUFConversionError(f"cannot create the GGUF LoRA cache {folder}: {exc}") from exc
-    for parent in reversed(folder.parents):  # again: a umask may have left the new ones group-writable
-        _check_folder(parent, own=False)
-    _check_folder(folder, own=True)
-    return folder
-
-
-def _check_folder(folder: Path, *, own: bool) -> None:
-    try:
-        st = folder.lstat()
-    except FileNotFoundError:
-        return  # created below it: a missing folder cannot be anyone else's
-    me = os.geteuid()
-    if stat.S_ISLNK(st.st_mode):
-        st = folder.stat()  # a link above the cache is what it points to (/var/run -> /run)
-        if own:
-            raise GGUFConversionError(f"the GGUF LoRA cache {folder} is a link; give its real path")
-    open_to_others = bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
-    if own and (st.st_uid != me or open_to_others):
-        raise GGUFConversionError(
-            f"the GGUF LoRA cache {folder} is one other users can write (or not this user's), so a file there could "
-            f"be a GGUF llama.cpp should not load: `chmod go-w {folder}` (as its owner), or point "
-            "RUBRICEM_STORE__DATA_DIR at a private folder")
-    if not own and (st.st_uid not in (0, me) or (open_to_others and not st.st_mode & stat.S_ISVTX)):
-        raise GGUFConversionError(
-            f"the GGUF LoRA cache would be inside {folder}, which other users can write (they could swap the cache "
-            "folder itself): use a data folder under one only you and root can write (RUBRICEM_STORE__DATA_DIR)")
 
 
 def _matches_record(target: Path, record: Path) -> bool:

@@ -22,10 +22,22 @@ machine copies it from there (about a second) instead of compiling again (about 
 pip's wheel cache played while pip built llama-cpp-python. A cached file whose hash no longer matches is not used; the
 build runs again and replaces the entry.
 
+Who can change the libraries (issue 65, finding 10): llama.cpp's libraries run with this user's rights, so they are
+trusted only from folders no other user can write. The cache is created 0700 whatever the umask, and it is used only
+while every folder a lookup of it searches (links' targets included) belongs to this user or root and no one else can
+write it (root's sticky folders such as /tmp excepted), the cache itself this user's (`files.private_dir`). A cache
+that fails is neither read nor written: its manifest could have been rewritten along with its files, so the libraries
+are built again from llama.cpp's pinned source instead. The installed libraries' digests are recorded in the stamp
+(`files`), which counts only while the `lib` folder passes the same check, and `verify_installed` checks every
+library against them before llama.cpp is loaded (`cpu_backend`, `llamacpp_engine`), not only when a file is copied.
+
 Only the variants this CPU advertises are compiled, plus the portable baseline (`haswell`); the others are named,
 with the features they need, in the output and in the stamp (`--variants` overrides the choice).
 
     python -m learning.engines.llamacpp_build [--jobs 2] [--variants auto|haswell,zen4] [--cache DIR]
+
+A folder whose libraries no longer match their record is not "already built": the same command installs them again
+(from the cache, or compiled), which is what `rebuild_command` names in every refusal.
 """
 
 from __future__ import annotations
@@ -44,7 +56,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from learning.engines.files import sha256_file
+from learning.engines.files import NotPrivate, file_problem, folder_problem, private_dir, sha256_file
 
 RELEASE = "0.3.36"  # llama-cpp-python's version: pyproject's [llamacpp] extra pins the same
 # SHA-256 of that release's source archive on PyPI, checked before anything from it is compiled (as the vLLM wheel's)
@@ -73,8 +85,22 @@ _COMMON_FLAGS = (
 )
 
 
+DEFAULT_CACHE = "~/.cache/rubricem/llama.cpp"  # the Makefile's LLAMACPP_CACHE
+LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"  # llama-cpp-python loads libllama from this folder when it is set
+
+
 class BuildError(RuntimeError):
     """A step of the build failed; the message names it and the command to retry."""
+
+
+class LibraryRefused(RuntimeError):
+    """llama.cpp's libraries are not loaded: the message names the file or folder, why, and the command that installs
+    them again."""
+
+
+def rebuild_command() -> str:
+    """The command that installs this build again: what `make install` runs (it runs only when its inputs changed)."""
+    return f"{sys.executable} -m learning.engines.llamacpp_build --cache {DEFAULT_CACHE}"
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
@@ -135,14 +161,120 @@ def _wanted(variants: tuple[str, ...]) -> dict[str, object]:
 
 
 def is_built(lib: Path, variants: tuple[str, ...]) -> bool:
-    """Whether `lib` already holds this build, every file of it present."""
+    """Whether `lib` already holds this build, every file of it present and matching its recorded digest."""
     try:
         stamp = json.loads((lib / STAMP_FILENAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     if {k: stamp.get(k) for k in _wanted(variants)} != _wanted(variants):
         return False
-    return all((lib / n).exists() for n in _library_names(variants))
+    return all((lib / n).exists() for n in _library_names(variants)) and library_problem(lib) is None
+
+
+def installed_lib_dir() -> Path | None:
+    """The folder llama-cpp-python loads llama.cpp from: `LLAMA_CPP_LIB_PATH` when set, else its package's `lib`
+    (located, never imported: importing it loads the library). None when llama-cpp-python is not installed."""
+    override = os.environ.get(LIB_PATH_ENV)
+    if override:
+        return Path(override)
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "lib"
+
+
+def _is_library(name: str) -> bool:
+    return name.startswith("lib") and ".so" in name
+
+
+def record_libraries(lib: Path) -> dict[str, str]:
+    """Each library in `lib` (`lib*.so*`) with its SHA-256, or `link:<target>` for a link (the versioned names
+    llama.cpp installs: `libllama.so -> libllama.so.0`): the record the stamp keeps and `library_problem` checks."""
+    files = {}
+    for f in sorted(lib.iterdir()):
+        if _is_library(f.name):
+            files[f.name] = f"link:{os.readlink(f)}" if f.is_symlink() else sha256_file(f, follow_links=False)
+    return files
+
+
+def library_problem(lib: Path) -> str | None:
+    """Why llama.cpp's libraries in `lib` must not be loaded, or None when every one matches the digest recorded
+    when it was installed.
+
+    The record (the stamp's `files`) counts only because `lib` passed the privacy check first: in a folder another
+    user can write, the stamp could have been rewritten along with the library. Every `lib*.so*` there must be
+    recorded, since ggml loads any `libggml-*.so` from its backend folder, and a link must name a recorded file
+    beside it.
+    """
+    try:
+        return _library_problem(lib)
+    except OSError as exc:  # a folder or file this user cannot read: nothing there is vouched for
+        return f"llama.cpp's libraries in {lib} cannot be checked ({exc})"
+
+
+def _library_problem(lib: Path) -> str | None:
+    try:
+        real = private_dir(lib, create=False, root_may_own=True)
+    except FileNotFoundError:
+        return f"llama.cpp's libraries are not installed ({lib} does not exist)"
+    except NotPrivate as exc:
+        return f"llama.cpp's libraries in {lib} are in a folder another user could change: {exc}"
+    stamp_path = real / STAMP_FILENAME
+    why = file_problem(stamp_path)
+    if why is not None:
+        return f"the record of llama.cpp's libraries is unusable: {why}"
+    try:
+        files = json.loads(stamp_path.read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError) as exc:
+        return f"the record of llama.cpp's libraries {stamp_path} is unreadable ({exc})"
+    if not isinstance(files, dict) or not files:
+        return f"{stamp_path} records no digests of llama.cpp's libraries (installed before they were recorded)"
+    present = {p.name for p in real.iterdir() if _is_library(p.name)}
+    unrecorded = sorted(present - set(files))
+    if unrecorded:
+        return f"{real / unrecorded[0]} is not part of the recorded build (ggml would load it)"
+    for stem in _CORE_STEMS:
+        if f"{stem}.so" not in files:
+            return f"the record in {stamp_path} lacks {stem}.so"
+    for name, digest in sorted(files.items()):
+        path = real / str(name)
+        if "/" in str(name) or not isinstance(digest, str):
+            return f"the record in {stamp_path} names {name!r}, not a library beside it"
+        if digest.startswith("link:"):
+            target = digest[len("link:"):]
+            if "/" in target or target not in files or not path.is_symlink() or os.readlink(path) != target:
+                return f"{path} is not the link to {target} it was when it was installed"
+            continue
+        why = file_problem(path)
+        if why is not None:
+            return why
+        if sha256_file(path, follow_links=False) != digest:
+            return f"{path} does not match the SHA-256 recorded when it was installed"
+    return None
+
+
+_verified: set[Path] = set()  # folders checked in this process: a library, once loaded, is not read again
+
+
+def verify_installed(lib: Path | None = None) -> Path:
+    """Check llama.cpp's libraries in `lib` (default: the folder llama-cpp-python loads them from) before any of them
+    is loaded (`library_problem`); returns the folder. Called by every load path (`cpu_backend.load_cpu_backend`,
+    `llamacpp_engine.LlamaCppEngine`, the CPU probe), once per process and folder.
+
+    Raises:
+        LibraryRefused: the file or folder that failed, why, and the command that installs the libraries again.
+    """
+    lib = lib if lib is not None else installed_lib_dir()
+    if lib is None:
+        raise LibraryRefused("llama-cpp-python is not installed; run `make install`")
+    key = Path(os.path.realpath(lib))
+    if key in _verified:
+        return lib
+    why = library_problem(lib)
+    if why is not None:
+        raise LibraryRefused(f"llama.cpp is not loaded: {why}. Install its libraries again with `{rebuild_command()}`")
+    _verified.add(key)
+    return lib
 
 
 _CORE_STEMS = ("libllama", "libggml", "libggml-base")  # what the core build installs, beside one module per variant
@@ -177,9 +309,13 @@ def _clear_libraries(lib: Path) -> None:
 def save_to_cache(lib: Path, cache: Path, variants: tuple[str, ...]) -> Path:
     """Copy the build in `lib` into `cache/<cache_key>` with a manifest of each file's SHA-256, or of each link's
     target (the versioned names llama.cpp installs: `libllama.so -> libllama.so.0`). It is written into a temporary
-    folder, then renamed into place, so a reader never sees half an entry. Returns the entry."""
+    folder, then renamed into place, so a reader never sees half an entry. Returns the entry.
+
+    Raises:
+        NotPrivate: `cache` is not private (`files.private_dir`, which creates it 0700): nothing is written.
+    """
+    cache = private_dir(cache)
     entry = cache / cache_key(variants)
-    cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=cache))
     try:
         files = {}
@@ -197,9 +333,27 @@ def save_to_cache(lib: Path, cache: Path, variants: tuple[str, ...]) -> Path:
 
 
 def restore_from_cache(lib: Path, cache: Path, variants: tuple[str, ...]) -> str | None:
-    """Install the cached build of `variants` into `lib`. Returns None when it was installed, else why not (no
-    entry, a file missing or changed since it was cached); `lib` is left as it was in that case."""
+    """Install the cached build of `variants` into `lib`, its digests recorded in the stamp. Returns None when it was
+    installed, else why not (a cache other users could change, no entry, a file missing or changed since it was
+    cached); `lib` is left as it was in that case, unless the copy itself then failed its check.
+
+    The manifest counts only because the cache passed the privacy check first: whoever can write the folder can
+    rewrite the manifest along with the files it vouches for."""
+    try:
+        cache = private_dir(cache, create=False)
+    except FileNotFoundError:
+        return f"no build cache in {cache}"
+    except NotPrivate as exc:
+        return f"the build cache {cache} is refused: {exc}"
+    except OSError as exc:
+        return f"the build cache {cache} cannot be checked ({exc})"
     entry = cache / cache_key(variants)
+    try:
+        entry_problem = _entry_problem(entry)
+    except FileNotFoundError:
+        return f"no cached build in {entry}"
+    if entry_problem is not None:
+        return f"the cached build in {entry} is refused: {entry_problem}"
     try:
         manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
         files: dict[str, str] = manifest["files"]
@@ -216,14 +370,24 @@ def restore_from_cache(lib: Path, cache: Path, variants: tuple[str, ...]) -> str
         if digest.startswith("link:"):
             if not path.is_symlink() or f"link:{os.readlink(path)}" != digest or "/" in digest:
                 return f"the cached {path} is not the link it was"
-        elif not path.is_file() or path.is_symlink() or sha256_file(path) != digest:
+        elif file_problem(path) is not None or sha256_file(path, follow_links=False) != digest:
             return f"the cached {path} changed since it was cached"
     lib.mkdir(parents=True, exist_ok=True)
     _clear_libraries(lib)
     for name in files:
         shutil.copy2(entry / name, lib / name, follow_symlinks=False)
-    (lib / STAMP_FILENAME).write_text(json.dumps({**stamp, "from_cache": str(entry)}, indent=1), encoding="utf-8")
-    return None
+    record = {**stamp, "from_cache": str(entry), "files": files}
+    (lib / STAMP_FILENAME).write_text(json.dumps(record, indent=1), encoding="utf-8")
+    return library_problem(lib)  # the copies, checked against the cache's digests
+
+
+def _entry_problem(entry: Path) -> str | None:
+    """Why a cache entry (a folder in the private cache) could have been changed by another user, or None. Raises
+    FileNotFoundError when there is none."""
+    if not os.path.lexists(entry):
+        raise FileNotFoundError(entry)
+    why = folder_problem(entry, leaf=True)
+    return why if why is not None else file_problem(entry / "manifest.json")
 
 
 def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int | None = None,
@@ -299,7 +463,7 @@ def build(lib: Path, work: Path, variants: tuple[str, ...] = VARIANTS, jobs: int
             shutil.copy2(f, lib / f.name, follow_symlinks=False)
     steps["install"] = round(time.monotonic() - t, 1)
     stamp = {**_wanted(variants), "skipped": skipped or {}, "seconds": steps, "jobs": jobs,
-             "built_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())}
+             "built_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), "files": record_libraries(lib)}
     (lib / STAMP_FILENAME).write_text(json.dumps(stamp, indent=1), encoding="utf-8")
     return steps
 
@@ -310,6 +474,40 @@ def _keep(lib: Path, cache: Path, variants: tuple[str, ...]) -> None:
         print(f"llama.cpp {RELEASE}: kept in the build cache {entry}")
     except OSError as exc:  # a full or read-only home: the install itself is done
         print(f"warning: could not keep the build in {cache}: {exc}", file=sys.stderr)
+
+
+def usable_cache(cache: Path) -> Path | None:
+    """`cache`'s real path, created 0700 if missing, or None (why printed) when it is not private.
+
+    Why a refused cache is not repaired (`chmod go-w`) and used: what it holds may already have been replaced, manifest
+    and all, and a chmod would vouch for it. Why building is safe instead: the build uses only llama.cpp's source
+    archive, checked against its pinned SHA-256, and installs into the environment's own `lib`, which `main` checks
+    for privacy first. So a refused cache costs one compile (about 3.5 minutes on 2 cores) and nothing is read from
+    it or written to it until its owner makes it private, or `--cache` names another folder.
+    """
+    try:
+        return private_dir(cache)
+    except NotPrivate as exc:
+        print(f"llama.cpp: the build cache {cache} is refused, neither read nor written: {exc}. Building from the "
+              "pinned source instead. To use a cache again, make the folder named private (`chmod go-w`; a cache "
+              "others could write may hold their files, so remove it and it is made again, 0700) or pass another "
+              "--cache", file=sys.stderr)
+    except OSError as exc:  # a read-only home: the install itself can go on
+        print(f"warning: cannot use the build cache {cache}: {exc}", file=sys.stderr)
+    return None
+
+
+def _check_lib_folder(lib: Path) -> None:
+    """Refuse to install into a `lib` folder other users could change: its libraries would be refused when loaded
+    (`verify_installed`), and its stamp could not vouch for them."""
+    try:
+        private_dir(lib, mode=0o755, root_may_own=True)
+    except NotPrivate as exc:
+        raise BuildError(f"llama.cpp's libraries would be installed in {lib}, which other users could change: {exc}. "
+                         "`chmod go-w` the folder named, or make the environment again under umask 022 "
+                         "(`make install`)") from exc
+    except OSError as exc:
+        raise BuildError(f"cannot create {lib}: {exc}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,9 +534,10 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [v for v in variants if v not in VARIANTS]
         if unknown or not variants:
             ap.error(f"unknown CPU variant(s) {unknown or args.variants!r}; choose from {', '.join(VARIANTS)}")
-    cache = Path(args.cache) if args.cache else None
+    cache = usable_cache(Path(args.cache).expanduser()) if args.cache else None
     try:
         lib = package_lib_dir()
+        _check_lib_folder(lib)
         if not args.force and is_built(lib, variants):
             print(f"llama.cpp {RELEASE}: already built in {lib}")
             if cache is not None and not (cache / cache_key(variants) / "manifest.json").is_file():

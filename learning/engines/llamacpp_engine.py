@@ -48,6 +48,7 @@ from learning.engines.gguf_lora import (
     private_folder,
     recorded,
 )
+from learning.engines.llamacpp_build import LibraryRefused, verify_installed
 from learning.engines.llamacpp_log import install_log_callback, last_errors
 from learning.engines.weights import ModelConversionError, check_gguf, restore_hint
 from learning.engines.sampling import Row, continuation_logprobs, sample
@@ -85,6 +86,10 @@ class LlamaCppEngine:
 
     def __init__(self, gguf: Path, *, n_ctx: int, threads: int, batch_threads: int,
                  cpu_record: Path | None = None, cpu_variant: str | None = None) -> None:
+        try:  # before the import below, which loads libllama (issue 65: every library checked before it is loaded)
+            verify_installed()
+        except LibraryRefused as exc:
+            raise PolicyUnavailable(str(exc)) from exc
         import llama_cpp.llama_cpp as lc
         import numpy as np
 
