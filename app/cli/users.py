@@ -1,19 +1,25 @@
-"""`rubricem users add|list|remove|set-consent|delete-data` (people, their consent, deleting their data), `rubricem
-users team ...` (teams, issue 49: which policy learns from whose sessions) and the per-user counts of `rubricem
-sessions list --user`.
+"""`rubricem users add|list|remove|set-password|set-consent|delete-data` (people, their passwords and consent,
+deleting their data), `rubricem users team ...` (teams, issue 49: which policy learns from whose sessions) and the
+per-user counts of `rubricem sessions list --user`.
 
 Passwords are read from the terminal (or one line of stdin with --password-stdin), never from argv, where other
-users of the machine could read them in the process list.
+users of the machine could read them in the process list. With no terminal and no --password-stdin (as under
+`docker compose exec -T`) the command says so and exits 2, before anything is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import os
 import sys
+from typing import TYPE_CHECKING
 
 from app.settings import Settings
 from store.session_log import SessionLog
+
+if TYPE_CHECKING:
+    from store.users import Users
 
 _CONSENT = {"yes": True, "no": False, "default": None}
 
@@ -23,12 +29,43 @@ def _consent_text(value: bool | None, default: bool) -> str:
 
 
 def _password(args: argparse.Namespace) -> str:
+    """The new password: one line of stdin with --password-stdin, else typed twice on the terminal.
+
+    Raises:
+        ValueError: nothing on stdin, no terminal to ask on, or the two entries differ (exit 2, nothing written).
+    """
+    hint = f"e.g. printf '%s\\n' \"$PASSWORD\" | rubricem users {args.action} {args.user} --password-stdin"
     if args.password_stdin:
-        return sys.stdin.readline().rstrip("\r\n")
-    first = getpass.getpass("password: ")
-    if getpass.getpass("again: ") != first:
+        line = sys.stdin.readline()
+        if not line:
+            raise ValueError(f"nothing on stdin: --password-stdin reads the password from one line of standard input "
+                             f"({hint})")
+        return line.rstrip("\r\n")
+    no_terminal = ValueError("no terminal to ask for the password on (as under `docker compose exec -T`): pass it "
+                             f"on one line of stdin with --password-stdin ({hint})")
+    if not _has_terminal():  # getpass would read stdin instead, echoing, and fail at its end with an EOFError
+        raise no_terminal
+    try:
+        first = getpass.getpass("password: ")
+        again = getpass.getpass("again: ")
+    except EOFError:  # the terminal went away (or ^D)
+        raise no_terminal from None
+    if again != first:
         raise ValueError("the two passwords differ")
     return first
+
+
+def _has_terminal() -> bool:
+    """Whether getpass can ask on a terminal: this process has a controlling terminal (/dev/tty opens) or its stdin
+    is one. Off POSIX, getpass asks the console, so there is always one."""
+    if os.name != "posix" or sys.stdin.isatty():
+        return True
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
 
 def user_counts(log: SessionLog) -> dict[str, tuple[int, int]]:
@@ -70,10 +107,14 @@ def cmd_users(args: argparse.Namespace) -> int:
                                  "and subject (oidc:<issuer hash>:<subject>, shown in `rubricem users list` after "
                                  "their first login), never by e-mail; make an address an admin with "
                                  "RUBRICEM_UI__ADMIN_EMAILS (it counts when the provider has verified it)")
+            if kind == "password":
+                users.check_new_name(args.user)  # a taken or retired name is refused before a password is typed
             record = users.add(args.user, kind=kind, role="admin" if args.admin else "user",
                                password=_password(args) if kind == "password" else None,
                                consent=_CONSENT[args.consent])
             print(f"added {record.user_id} ({record.kind}, {record.role})")
+        elif args.action == "set-password":
+            _set_password(users, args)
         elif args.action == "list":
             counts = user_counts(log)
             for u in users.list():
@@ -81,7 +122,8 @@ def cmd_users(args: argparse.Namespace) -> int:
                       f"  sessions: {counts.get(u.user_id, (0, 0))[0]}  team: {u.team or '-'}")
         elif args.action == "remove":
             users.remove(args.user)
-            print(f"removed the account {args.user} (their sessions stay: `rubricem users delete-data` removes them)")
+            print(f"removed the account {args.user} and ended its browser logins (their sessions stay: `rubricem users "
+                  "delete-data` removes them; a name that owned data is never given to a new account)")
         elif args.action == "set-consent":
             record = users.set_consent(args.user, _CONSENT[args.consent])
             print(f"{record.user_id}: learn from their sessions: {_consent_text(record.consent, log.consent_default)}")
@@ -93,6 +135,24 @@ def cmd_users(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _set_password(users: Users, args: argparse.Namespace) -> None:
+    """`rubricem users set-password NAME`: a new password for an account that stays, with every browser signed in
+    to it signed out (its login key changes). The account is checked before a password is typed.
+
+    Raises:
+        UserError: no such account, or an OIDC or local identity (exit 2, nothing changed).
+    """
+    from store.users import UserError
+
+    record = users.get(args.user)
+    if record.kind != "password":
+        raise UserError(f"{record.user_id!r} is not a password account (it is an {record.kind} identity): it has no "
+                        "password to set")
+    users.set_password(record.user_id, _password(args))
+    print(f"set a new password for {record.user_id}; every browser signed in to the account is signed out at its "
+          "next page load")
 
 
 def _on_off(value: bool) -> str:
@@ -212,8 +272,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                      help="learn from their sessions: yes, no, or the deployment default")
     add.add_argument("--password-stdin", action="store_true", help="read the password from one line of stdin")
     acts.add_parser("list", help="everyone, with role, consent, session count and team")
-    rem = acts.add_parser("remove", help="remove an account (their data stays until delete-data)")
+    rem = acts.add_parser("remove", help="remove an account (their data stays until delete-data; a name that owned "
+                          "data is never given to a new account: reset a password with set-password instead)")
     rem.add_argument("user")
+    pwd = acts.add_parser("set-password", help="give a password account a new password (asked for, as by add) and "
+                          "sign out every browser signed in to it; the account and its data stay")
+    pwd.add_argument("user")
+    pwd.add_argument("--password-stdin", action="store_true", help="read the password from one line of stdin")
     con = acts.add_parser("set-consent", help="whether their sessions may be judged, trained on and reflected")
     con.add_argument("user")
     con.add_argument("consent", choices=list(_CONSENT))

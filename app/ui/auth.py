@@ -115,6 +115,9 @@ class Identity:
     user_id: str
     role: Role
     label: str = field(default="", compare=False)
+    # A named account's login key (`Users.login_key`) when this login was made: the account made again under its
+    # name, or given a new password, has another key, and then this login is not its login (`recheck`).
+    login_key: str = field(default="", compare=False, repr=False)
 
 
 class LoginRefused(ValueError):
@@ -197,8 +200,11 @@ def password_login(name: str, given: str, ui: UIConfig, users: Users | None) -> 
     owns the CLI's sessions. Everyone who knows a shared password shares that one identity and sees each other's
     chats: several people get named accounts (`rubricem users add`)."""
     if name.strip():
-        found = users.verify_password(name, given) if users is not None else None
-        return Identity(found.user_id, found.role, found.user_id) if found is not None else None
+        signed = users.sign_in(name, given) if users is not None else None
+        if signed is None:
+            return None
+        found, key = signed
+        return Identity(found.user_id, found.role, found.user_id, login_key=key)
     role = password_role(given, ui)
     if role is None:
         return None
@@ -245,11 +251,13 @@ def oidc_identity(claims: Mapping[str, object], ui: UIConfig) -> Identity:
 
 
 def recheck(user_id: str, ui: UIConfig, policy: AccessPolicy, users: Users,
-            claims: Mapping[str, object] | None) -> Identity | None:
+            claims: Mapping[str, object] | None, login_key: str | None = None) -> Identity | None:
     """Who a signed-in browser session is now, with the role the deployment gives it now; None when its login no
     longer holds. Asked at every page load (issue 46): a login is not a licence kept until logout.
 
-    - a named account: it must still exist, and its role is the one on its row (removed or made a user: it shows);
+    - a named account: it must still exist with the login key the session signed in with (`login_key`, issue 65:
+      an account removed and made again under its name, or given a new password by `rubricem users set-password`,
+      has a new key, so no browser signed in before is signed in to it), and its role is the one on its row;
     - `shared:admin` / `shared:user`: their password must still be set;
     - an OIDC login: the provider's token (`claims`, None when logged out there) must still name the same issuer and
       subject, and the role follows RUBRICEM_UI__ADMIN_EMAILS as it is now;
@@ -263,10 +271,20 @@ def recheck(user_id: str, ui: UIConfig, policy: AccessPolicy, users: Users,
         return Identity(SHARED_USER, "user", SHARED_USER) if ui.password is not None else None
     if user_id.startswith("oidc:"):
         return _recheck_oidc(user_id, ui, policy, claims)
+    return _recheck_account(user_id, users, login_key)
+
+
+def _recheck_account(user_id: str, users: Users, login_key: str | None) -> Identity | None:
+    """A named account's login, if the account is still the one it signed in to (same login key, compared in
+    constant time); a session without a key (made before keys existed) must log in again."""
+    current = users.login_key(user_id)
+    given = login_key.encode("utf-8") if isinstance(login_key, str) else b""
+    if current is None or not given or not hmac.compare_digest(current.encode("ascii"), given):
+        return None
     found = users.find(user_id)
     if found is None or found.kind != "password":
         return None
-    return Identity(found.user_id, found.role, found.user_id)
+    return Identity(found.user_id, found.role, found.user_id, login_key=current)
 
 
 def _recheck_oidc(user_id: str, ui: UIConfig, policy: AccessPolicy,

@@ -56,7 +56,7 @@ def _login() -> bool:
         # Every page load, and so every run start, re-checks the login (issue 46): an account removed or made a user,
         # an e-mail taken off the admin list, a shared password unset, take effect at the next click.
         claims = st.user.to_dict() if getattr(st.user, "is_logged_in", False) else None
-        who = recheck(str(st.session_state.user_id), ui, policy, users, claims)
+        who = recheck(str(st.session_state.user_id), ui, policy, users, claims, st.session_state.get("login_key"))
         if who is not None:
             _enter(who)
             return True
@@ -97,9 +97,11 @@ def _login() -> bool:
 
 
 def _enter(who: Identity) -> None:
-    """Keep only who this is and their role in the browser session (never a password)."""
+    """Keep only who this is, their role and their account's login key in the browser session (never a password):
+    the key ties the session to the account as it was at login (issue 65), not to whoever has the name later."""
     st.session_state.user_id = who.user_id
     st.session_state.role = who.role
+    st.session_state.login_key = who.login_key
     st.session_state.user_label = who.label or who.user_id
 
 

@@ -38,11 +38,15 @@ def test_a_removed_or_demoted_account_loses_its_access_at_the_next_page_load(lig
     assert not at.exception, at.exception
     assert (at.session_state["user_id"], at.session_state["role"]) == ("alice", "admin") and at.chat_input
 
-    # The operator makes her a user (`rubricem users remove alice`, then `users add alice` without --admin).
+    # The operator makes her a user (`rubricem users remove alice`, then `users add alice` without --admin; she owned
+    # nothing yet, so the name may be made again). Issue 65: the account made again is a new account, so the browser
+    # signed in to the old one is signed out; she logs in again as the user she now is.
     users.remove("alice")
     users.add("alice", password="alice's password")
     at.run()
     assert not at.exception, at.exception
+    assert _signed_out(at)
+    at = _log_in(at, "alice", "alice's password")
     assert (at.session_state["user_id"], at.session_state["role"]) == ("alice", "user")
 
     # Then removes her: the next page load (any click) is a login form, and nothing of her chat is kept.
