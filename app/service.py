@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -48,6 +49,22 @@ from store.session_log.checkpoints import SessionRuns
 from store.teams import Teams
 
 _log = logging.getLogger(__name__)
+
+
+def failure_note(kind: str, what: str, exc: BaseException | str, **data: Any) -> ev.Note:
+    """A chat note about a failure the run went on without (issue 65): the page says its fixed sentence for `kind`
+    with a short error reference, and the exception text goes to the server's log under that reference only.
+
+    Exception text names hosts, ports, paths and adapter folders, and any signed-in person may be looking at the
+    page (the chat's notes are shown to whoever runs it, admin or not); the reference leads the operator to the log
+    line. `data` is what the note may show besides (a team's name, never text from the failure).
+    """
+    ref = secrets.token_hex(4)
+    detail = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    _log.warning("%s [error %s]: %s", what, ref, detail)
+    return ev.Note(kind, {**data, "error": f"error reference {ref}; the details are in the app's log",
+                          "reference": ref})
+
 
 def adapter_version(path: Path) -> str:
     """The version name a trained adapter carries (rubricem.json, written by training), else its folder name."""
@@ -145,8 +162,9 @@ class SessionServing:
 
     policy: PolicyClient  # the session's view of the shared client, pinned to `version` (or the client itself)
     version: str
-    team: str | None  # the owner's team as the session starts
-    warning: str | None = None  # why the team's own version could not serve it (the global one did)
+    team: str | None  # the owner's team as the session starts (or is resumed)
+    warning: str | None = None  # why the team's own version could not serve it (the global one did): for the
+    # session's record and the operator's log, never for the page (`failure_note`)
 
     def record(self) -> dict[str, Any]:
         """JSON for the session's metrics."""
@@ -213,9 +231,7 @@ class ResearchService:
                     await self.policy.aload_adapter(adapter, name)  # type: ignore[attr-defined]
                 sink(ev.Note("policy_swapped", {"version": name}))
             except Exception as exc:  # noqa: BLE001 - keep serving the current version
-                message = f"{type(exc).__name__}: {exc}"
-                _log.warning("could not switch to the live policy version: %s", message)
-                sink(ev.Note("policy_swap_failed", {"error": message}))
+                sink(failure_note("policy_swap_failed", "could not switch to the live policy version", exc))
 
     def _served(self, name: str, adapter: str | None) -> Served:
         """How this client is told to serve a registry version: an HTTP server by the version's adapter name (the
@@ -228,20 +244,21 @@ class ResearchService:
             adapter, name = str(self.base_adapter), adapter_version(self.base_adapter)
         return Served(version=name, model=name, adapter=adapter)
 
-    async def _serving(self, sink: EventSink, version: str | None = None) -> SessionServing:
+    async def _serving(self, sink: EventSink, owner: str) -> SessionServing:
         """The session's policy: pinned to its owner's team's version, or to the global live one (issue 49).
 
+        `owner` is whose session it is, read now: a new session's asker, or a resumed session's owner, who may have
+        left the team (or the team was removed, or moved to another version) since it started; a resume is served the
+        owner's policy of today, never the old team's version (issue 65).
         A team's version whose adapter folder is gone, or that fails to load here (vLLM: on every replica; in-process:
         a trial swap), is not used: the session is served by the global live version and the warning is recorded on
-        it and sent as a `team_policy_fallback` note. Never another team's version. `version` (a resumed session's
-        recorded one) pins to that version instead. Without a registry, or with a client that cannot be pinned per
-        request, the shared client serves as it is.
+        it and sent as a `team_policy_fallback` note (with an error reference only: `failure_note`). Never another
+        team's version. Without a registry, or with a client that cannot be pinned per request, the shared client
+        serves as it is.
         """
-        team = await asyncio.to_thread(Teams(self.log).team_of, current_actor().owner)
+        team = await asyncio.to_thread(Teams(self.log).team_of, owner)
         if self.live is None or not pinnable(self.policy):
             return SessionServing(self.policy, self.policy.policy_version, team)
-        if version is not None:  # a resumed session goes on with the version that served its start
-            return SessionServing(PinnedPolicy(self.policy, await self._recorded(version)), version, team)
         name, adapter = await asyncio.to_thread(self.live.current)
         warning = None
         if team is not None:
@@ -257,8 +274,7 @@ class ResearchService:
                     warning = f"team {team}'s version {own[0]} cannot serve: {warning}"
         if warning is not None:
             warning += f"; served by the global policy {name}"
-            _log.warning("%s", warning)
-            sink(ev.Note("team_policy_fallback", {"team": team, "error": warning}))
+            sink(failure_note("team_policy_fallback", "team policy fallback", warning, team=team))
         served = self._served(name, adapter)
         return SessionServing(PinnedPolicy(self.policy, served), served.version, team, warning)
 
@@ -278,20 +294,6 @@ class ResearchService:
         self._ready.add((name, adapter))
         return None
 
-    async def _recorded(self, version: str) -> Served:
-        """How to serve a version a session recorded (a resumed one): by its registry entry when it has one."""
-        get = getattr(self.live, "get", None)
-        adapter = None
-        if get is not None:
-            with contextlib.suppress(StoreError):
-                adapter = (await asyncio.to_thread(get, version)).adapter_path
-        if adapter is None and not hasattr(self.policy, "set_model") and self.base_adapter is not None \
-                and version == adapter_version(self.base_adapter):
-            adapter = str(self.base_adapter)
-        if adapter is not None and hasattr(self.policy, "ensure_adapter"):  # vLLM may have unloaded it meanwhile
-            await self.policy.ensure_adapter(version, adapter)  # type: ignore[attr-defined]
-        return Served(version=version, model=version, adapter=adapter)  # HTTP: recorded as the alias it was sent
-
     async def references(self, question: str, options: RunOptions, sink: EventSink) -> Retrieval:
         """Rubric-bank items for the prompt (none when injection is off or there is no bank).
 
@@ -302,9 +304,7 @@ class ResearchService:
         try:
             return await asyncio.to_thread(lambda: self.bank.retrieve(question, mode=options.bank_mode))  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - Chroma down, model missing: research goes on without the bank
-            message = f"{type(exc).__name__}: {exc}"
-            _log.warning("rubric bank unavailable, running without references: %s", message)
-            sink(ev.Note("bank_unavailable", {"error": message}))
+            sink(failure_note("bank_unavailable", "rubric bank unavailable, running without references", exc))
             return Retrieval("none")
 
     async def _attribute(self, report: Report, traj: Trajectory, sink: EventSink) -> Report:
@@ -314,7 +314,7 @@ class ResearchService:
         try:
             return await asyncio.to_thread(attribute_report, report, traj, self.embed)
         except Exception as exc:  # noqa: BLE001 - the answer stands without matched references
-            sink(ev.Note("attribution_failed", {"error": f"{type(exc).__name__}: {exc}"}))
+            sink(failure_note("attribution_failed", "references could not be matched to the answer", exc))
             return report
 
     async def _verify(self, report: Report, traj: Trajectory, sink: EventSink) -> Report:
@@ -329,9 +329,7 @@ class ResearchService:
         try:
             return await asyncio.to_thread(verify_report, report, traj, self.embed)
         except Exception as exc:  # noqa: BLE001 - the answer stands, unverified, and says so
-            message = f"{type(exc).__name__}: {exc}"
-            _log.warning("citation support check unavailable: %s", message)
-            sink(ev.Note("support_check_failed", {"error": message}))
+            sink(failure_note("support_check_failed", "citation support check unavailable", exc))
             return unverified_report(report, traj, "the support scorer is unavailable")
 
     def _tools(self, names: Collection[str] | None) -> dict[str, SearchTool]:
@@ -397,7 +395,7 @@ class ResearchService:
         if self.live is None or not pinnable(self.policy):  # a pinned session names its version per request
             await self.sync_live(sink)
         try:
-            serving = await self._serving(sink)
+            serving = await self._serving(sink, current_actor().owner)
             # A seeded run also gets reproducible tool-call ids (they are in the token sequence).
             deps = AgentDeps(policy=serving.policy, tools=tool_set, options=opts, call_ids=CallIdFactory(opts.seed),
                              approve_plan=approve_plan)
@@ -407,7 +405,8 @@ class ResearchService:
             version = serving.version
             sid = self.log.create_session(question, prompt, opts.model_dump(mode="json"), version, source=source,
                                           policy_model=policy_model(deps),  # what the price table prices
-                                          team=serving.team)  # the team whose version serves it, read once
+                                          team=serving.team,  # the team whose version serves it, read once
+                                          serving=serving.record())  # kept from the start, a fallback included
             if refs.hits:
                 self.log.set_flags(sid, injected_bank_items=refs.item_ids)
         except Exception as exc:  # nothing was written: report it typed, without a session id
@@ -557,15 +556,17 @@ class ResearchService:
                                     start_ns=began_ns) as traced:
             beat = Heartbeat(self.log, session_id, self.lease).start()  # prepare_resume took the lease: keep it
             try:
-                serving = await self._serving(sink, version=rec.policy_version)
-                deps.policy = serving.policy  # the version that served the session's start serves the rest of it
+                # The owner's policy of today serves the rest (issue 65): not the old team's version once its owner
+                # left the team or the team was removed; the session keeps its team (`rec.team`) for training.
+                serving = await self._serving(sink, rec.owner)
+                deps.policy = serving.policy
                 deps.recorder = _SessionRecorder(self.log, session_id, sink, beat.check)
                 traj = rec.trajectory
                 bank_meta = {"mode": "resumed", "items": [{"id": i} for i in traj.injected_bank_items]}
                 outcome = await self._drive(session_id, rec.question, traj.prompt, deps, bank_meta, started, sink,
                                             rec.policy_version, start=False, injected=traj.injected_bank_items,
                                             resume_value=None if decision is None else decision.to_dict(),
-                                            serving=serving.record() | {"team": rec.team, "resumed": True})
+                                            serving=serving.record() | {"resumed": True})
                 traced.status = outcome_status(outcome)
                 return outcome
             except BaseException as exc:

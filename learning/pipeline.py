@@ -14,7 +14,11 @@ Stages (the cycle row's `stage` after each): start → judged → trained → re
 A team's cycle (issue 49, `team=`) runs the same stages over that team's own sessions only, from the team's live
 version (the global one while the team has none), registers `team:<name>@K`, and is gated twice: on the team's own
 recent questions, and on the global probe set, where it may not get worse than the version the team is served now
-beyond the tolerance (`learning.evaluate.team_gate`). Promotion moves the team's alias only.
+beyond the tolerance (`learning.evaluate.team_gate`). Promotion moves the team's alias only. A team cycle never runs
+without the team's own data (issue 65): with no question of the team's own in its window it trains nothing (NoTeamData,
+recorded as skipped with the reason, and raised so `retrain --now --team` fails saying so), rather than training a
+"team" version on the seed set alone; and a candidate whose team has no question left to be gated on (its sessions
+deleted or opted out since training) is rejected, never promoted on the global half of the gate alone.
 An exception marks the cycle failed (live untouched; a policy replica that failed to load the candidate is listed
 in the cycle's numbers as `failed_replicas`); a killed process leaves it running, and the next call resumes.
 """
@@ -31,6 +35,7 @@ from pathlib import Path
 from agent import telemetry
 from agent.errors import ReplicaError
 from learning.config import RetrainConfig
+from learning.errors import LearningError
 from learning.eval.heldout import heldout_ids, normalize_question
 from learning.evaluate import GateReport, Probe, adapter_problem, decide, score_version, team_gate
 from learning.judge.pipeline import judge_pending
@@ -40,6 +45,11 @@ from store.session_log import SessionLog
 
 Say = Callable[[str], None]
 _log = logging.getLogger(__name__)
+
+
+class NoTeamData(LearningError):
+    """A team's cycle found no question of the team's own to train on: nothing was trained (the message says why and
+    what to do). A team's version learns from its own people's sessions, never from the seed set alone."""
 
 
 @dataclass
@@ -93,6 +103,10 @@ async def retrain(parts: RetrainParts, cfg: RetrainConfig, *, trigger: str = "cl
             cycle.stage if cycle.stage != "start" else None)})
         try:
             result = await _run(parts, cfg, cycle, force, say)
+        except NoTeamData as exc:  # a refusal, not a fault: recorded as skipped with the reason, and raised
+            reg.finish_cycle(cycle.cycle_id, "skipped", error=str(exc))
+            telemetry.cycle_finished("skipped")
+            raise
         except BaseException as exc:
             if isinstance(exc, Exception):
                 # A policy replica that failed a load (probe or promotion) is named in the record, not only the
@@ -124,6 +138,9 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
                                     error=f"{len(sessions)} new session(s){_of(team)} < min_new_sessions "
                                           f"{cfg.min_new_sessions}")
             return CycleResult(done, None, None, done.error or "skipped")
+    if team is not None and cycle.stage in ("start", "judged"):  # before judging or training anything for it
+        require_team_questions(team, parts.log, sessions, parts.heldout)
+    if cycle.stage == "start":
         began = time.monotonic()
         with telemetry.phase_span("judge"):
             judged = await judge_pending(parts.log, parts.judge, progress=say)
@@ -165,11 +182,21 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
         done = reg.finish_cycle(cycle.cycle_id, "rejected", numbers={"reason": problem})
         return CycleResult(done, candidate.name, None, f"{candidate.name} rejected: {problem}")
     began = time.monotonic()
+    own: list[str] = []
+    if team is not None:  # the window as it is now: a session deleted or opted out while the cycle trained is not
+        current = reg.sessions_in_window(cycle.window_start, cycle.window_end, team=team)  # asked again by the gate
+        own = recent_questions(parts.log, current, parts.heldout, len(parts.probe_questions))
+    if team is not None and not own:  # the team half of the gate cannot run: never promoted on the global half alone
+        reason = (f"team {team} has no question of its own left in the cycle's window to gate on (its sessions "
+                  "were deleted or opted out of learning since training); a team's version is promoted only when it "
+                  "does at least as well on the team's own questions")
+        reg.reject(candidate.name, reason)
+        done = reg.finish_cycle(cycle.cycle_id, "rejected", numbers={"reason": reason})
+        return CycleResult(done, candidate.name, None, f"{candidate.name} rejected: {reason}")
     with telemetry.phase_span("gate"):
         gate = await _gate(parts, cfg, candidate, live, parts.probe_questions)
         if team is not None:  # the team's own recent questions, then the global set as a no-regression check
-            own = recent_questions(parts.log, sessions, parts.heldout, len(parts.probe_questions))
-            gate = team_gate(await _gate(parts, cfg, candidate, live, own), gate) if own else gate
+            gate = team_gate(await _gate(parts, cfg, candidate, live, own), gate)
     reg.set_eval_report(candidate.name, gate.as_dict())
     cycle = reg.advance_cycle(cycle.cycle_id, "evaluated", numbers={
         "candidate_score": gate.candidate.total, "live_score": gate.live.total,
@@ -193,6 +220,23 @@ async def _gate(parts: RetrainParts, cfg: RetrainConfig, candidate: PolicyVersio
         probe = await parts.probe_for(version)
         scores.append(await score_version(version.name, probe, parts.gate_judge, questions, cfg.probe_samples, seed))
     return decide(scores[0], scores[1], cfg.tolerance, parts.gate_judge.model or parts.gate_judge.kind)
+
+
+def require_team_questions(team: str, log: SessionLog, sessions: Sequence[str], heldout: Mapping[str, str]) -> None:
+    """Refuse a team cycle whose window holds no question of the team's own (held-out ones do not count, as they
+    never train): without this the cycle would train and register a "team" version on the seed set alone.
+
+    Raises:
+        NoTeamData: the team has nothing of its own to learn from; the message says why and what to do.
+    """
+    if any(normalize_question(log.get(sid).question) not in heldout for sid in sessions):
+        return
+    why = (f"its {len(sessions)} learnable session(s) all ask held-out evaluation questions, which never train"
+           if sessions else "it has no completed session of its own since its last cycle whose owner lets it be "
+                            "learned from")
+    raise NoTeamData(f"team {team} has nothing of its own to train on: {why}. A team's version is trained and gated "
+                     "on its own people's questions, never on the seed set alone; ask questions as members of the "
+                     f"team (with learning allowed), then run `rubricem retrain --now --team {team}` again")
 
 
 def recent_questions(log: SessionLog, sessions: Sequence[str], heldout: Mapping[str, str], n: int) -> list[str]:
@@ -241,4 +285,4 @@ def _stage_adapter(trained: Path, adapters_dir: Path, cycle_id: str) -> Path:
     return final
 
 
-__all__ = ["CycleResult", "RetrainParts", "retrain"]
+__all__ = ["CycleResult", "NoTeamData", "RetrainParts", "retrain"]

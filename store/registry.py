@@ -111,11 +111,15 @@ def _team_scope(team: str | None) -> tuple[str, tuple[Any, ...]]:
 
 def _policy_sessions(team: str | None) -> tuple[str, tuple[Any, ...]]:
     """A WHERE fragment on sessions `s`: what trains this policy. A team trains on its own sessions only; the global
-    policy on sessions of no team and of teams that opted in to share (`teams.share_global`, off by default). A
-    session keeps the team it started in, so moving a person never moves their past sessions."""
+    policy on sessions of no team and on a team's sessions asked while the team shared them (`sessions.share_global`,
+    read as each session started: opting in later never hands over what was asked before) and only while it still
+    does (opting out, or removing the team, takes effect at once, as a person's consent does). A session keeps the
+    team it started in (`sessions.team`), never its owner's team of today, so moving a person never moves their
+    past sessions."""
     if team is not None:
         return "s.team = ?", (team,)
-    return "(s.team IS NULL OR s.team IN (SELECT t.name FROM teams t WHERE t.share_global = 1))", ()
+    return ("(s.team IS NULL OR (s.share_global = 1 AND s.team IN (SELECT t.name FROM teams t "
+            "WHERE t.share_global = 1)))"), ()
 
 
 def _version(r: tuple[Any, ...]) -> PolicyVersion:

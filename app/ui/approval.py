@@ -24,6 +24,7 @@ from app.service import ResearchPaused, RunFailedError
 from app.ui import state
 from app.ui.runner import LiveRun, RunLimits, RunRefused
 from app.ui.view import RunView, error_reference, md_literal
+from store.owner import acting_as
 from store.records import SessionRecord
 from store.session_log.checkpoints import SessionRuns
 
@@ -113,9 +114,12 @@ def _resume(record: SessionRecord, decision: PlanDecision | ClarificationAnswer,
             draw_run: Callable[[RunView, bool], None]) -> None:
     view = RunView.from_record(record)
     viewer = state.viewer()  # an answer starts a run: it counts against the caps (issue 34)
-    run = LiveRun(state.services().research, record.question, None,  # type: ignore[arg-type]
-                  resume=(record.session_id, decision), limits=RunLimits.from_config(state.settings().sessions),
-                  admin=viewer.admin, person=viewer.user_id)
+    # The run goes on as the person who answered (issue 65), as a question they ask does (chat_page): the research
+    # loop's thread would otherwise run it as `local`, the open UI's admin.
+    with acting_as(viewer.user_id):
+        run = LiveRun(state.services().research, record.question, None,  # type: ignore[arg-type]
+                      resume=(record.session_id, decision), limits=RunLimits.from_config(state.settings().sessions),
+                      admin=viewer.admin, person=viewer.user_id)
     box, timer, started = st.empty(), st.empty(), time.monotonic()
     for event in run.events():
         timer.caption(f"⏱ {time.monotonic() - started:.0f} s")

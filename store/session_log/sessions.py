@@ -237,6 +237,7 @@ class SessionsMixin(SessionLogBase):
         owner: str | None = None,
         policy_model: str | None = None,
         team: str | None | _Owners = OWNERS_TEAM,
+        serving: Mapping[str, object] | None = None,
     ) -> str:
         """Start a session with status "running".
 
@@ -255,7 +256,12 @@ class SessionsMixin(SessionLogBase):
                 policy); None when unknown (its cost is then unknown under a non-empty price table).
             team: The team whose policy serves it (issue 49); by default the owner's team, read in this insert's
                 transaction. A caller that chose the serving version from the team it read passes that team, so the
-                session is recorded (and later trained) with the team that served it.
+                session is recorded (and later trained) with the team that served it. Whether that team shares
+                its sessions with the global policy is read in the same transaction and kept with the session
+                (migration 0014): opting in later never shares what was asked before.
+            serving: Which version serves it and why (`app.service.SessionServing.record`), kept from the start so
+                a session that fails or is cut off still says so; merged into `metrics` as "serving" on read when
+                the finished session's own metrics do not carry it.
 
         Returns:
             The session id.
@@ -276,7 +282,11 @@ class SessionsMixin(SessionLogBase):
             pack_ids(prompt.token_ids, "prompt"), label_in(prompt.prompt_sha, "prompt.prompt_sha", allow_empty=True),
             choice_in(source, _SESSION_SOURCES, "source"), int(opt_out), who,
             None if policy_model is None else label_in(policy_model, "policy_model"),
+            None if serving is None else mapping_in(serving, "serving"),
         )
+        # The owner's team as the session starts (issue 49), read in this transaction; it never changes.
+        team_sql = "(SELECT u.team FROM users u WHERE u.user_id = ?)" if team is OWNERS_TEAM else "?"
+        team_arg = who if team is OWNERS_TEAM else team
         now_dt = self._clock()
         now, until = iso(now_dt), iso(now_dt + timedelta(seconds=DEFAULT_LEASE_S))
         with self._transaction("IMMEDIATE") as conn:
@@ -285,12 +295,12 @@ class SessionsMixin(SessionLogBase):
             # The creating process holds the session's lease from the start (see `renew_lease`).
             conn.execute(
                 "INSERT INTO sessions (session_id, question, policy_version, options_json, prompt_text, "
-                "prompt_token_ids, prompt_sha, source, training_opt_out, owner, policy_model, status, created_at, "
-                "updated_at, heartbeat_at, lease_until, lease_owner, team) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, "
-                # the owner's team as the session starts (issue 49), read in this transaction; it never changes
-                + ("(SELECT u.team FROM users u WHERE u.user_id = ?))" if team is OWNERS_TEAM else "?)"),
-                (*values, now, now, now, until, process_lease_owner(), who if team is OWNERS_TEAM else team),
+                "prompt_token_ids, prompt_sha, source, training_opt_out, owner, policy_model, serving_json, status, "
+                "created_at, updated_at, heartbeat_at, lease_until, lease_owner, team, share_global) "
+                f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, {team_sql}, "
+                # whether that team shares with the global policy, as the session starts (issue 65)
+                f"(SELECT t.share_global FROM teams t WHERE t.name = {team_sql}))",
+                (*values, now, now, now, until, process_lease_owner(), team_arg, team_arg),
             )
         return sid
 
@@ -563,8 +573,8 @@ class SessionsMixin(SessionLogBase):
             s = conn.execute(
                 "SELECT question, status, created_at, finished_at, policy_version, options_json, prompt_text, "
                 "prompt_token_ids, prompt_sha, malformed, max_consecutive_tool_errors, injected_bank_items_json, "
-                "report, error, metrics_json, source, training_opt_out, owner, policy_model, team FROM sessions "
-                "WHERE session_id = ?",
+                "report, error, metrics_json, source, training_opt_out, owner, policy_model, team, serving_json "
+                "FROM sessions WHERE session_id = ?",
                 (session_id,),
             ).fetchone()
             if s is None:
@@ -609,10 +619,13 @@ class SessionsMixin(SessionLogBase):
             max_consecutive_tool_errors=int(s[10]),
             injected_bank_items=tuple(json.loads(s[11])),
         )
+        metrics = json.loads(s[14])
+        if s[20] is not None and "serving" not in metrics:  # recorded as it started (migration 0014)
+            metrics["serving"] = json.loads(s[20])
         return SessionRecord(
             session_id=session_id, question=trajectory.question, status=s[1], created_at=s[2], finished_at=s[3],
             policy_version=s[4], options=json.loads(s[5]), trajectory=trajectory, report=opt_text_out(s[12]),
-            error=opt_text_out(s[13]), metrics=json.loads(s[14]), source=s[15], training_opt_out=bool(s[16]),
+            error=opt_text_out(s[13]), metrics=metrics, source=s[15], training_opt_out=bool(s[16]),
             owner=s[17], policy_model=s[18], team=s[19],
         )
 
