@@ -6,11 +6,10 @@ the same reports and references as `rubricem ask`; a `research` call is logged w
 Who a caller is (issue 34): every MCP caller acts as one scoped identity, `RUBRICEM_MCP__OWNER` (default `mcp`). The
 sessions `research` creates are owned by it, and `get_session` opens only that identity's sessions: anyone else's id
 gets the same "no session" answer as a missing one (`store.people.ScopedStore`), so the CLI's (`local`) and the UI
-users' history stay private. `search_bank` returns rubrics and takeaways, but the question text only of items made
-from that identity's own sessions: other people's questions are withheld, as they are from prompts, and their items
-on (nearly) the query are left out before the top k are taken, with similarities on a 0.1 grid (issue 46), so the
-answer does not tell whether someone asked it. Someone else's experience item (issue 62), which quotes their search
-query and short answer, is never shown at all (`hidden_from_caller`).
+users' history stay private. `search_bank` returns only items reflected from that identity's own sessions
+(issue 65): its answer is a function of the caller's own data, so no guess at someone else's question (exact,
+paraphrased or wrong) can be told apart by it. Other people's reflections reach research prompts as strategy text
+only (`RubricBank.retrieve`); here they are never read.
 
 Over HTTP: only an exact bind of 127.0.0.1, localhost or ::1 may run without a token (other local processes can
 reach it; web pages cannot, see below); any other address, 127.0.0.2 included, needs a bearer token
@@ -51,12 +50,11 @@ from app import events as ev
 from app.container import Services
 from app.hostcheck import MIN_SECRET_CHARS, HostRuleError, host_rule, is_open_host
 from app.service import RunFailedError
-from learning.reflection.experience import EXPERIENCE_JUDGE
 from store.errors import SessionNotFound
 from store.owner import MCP, acting_as
 from store.people import ScopedStore, Viewer
-from store.records import BankHit as StoredHit, SessionRecord, Snippet
-from store.rubric_bank import WITHHELD_QUESTION, coarse_similarity
+from store.records import SessionRecord, Snippet
+from store.rubric_bank import coarse_similarity
 from store.users import check_user_id
 
 _log = logging.getLogger(__name__)
@@ -151,24 +149,11 @@ class ResearchResult(BaseModel):
     tool_calls: int
 
 
-def hidden_from_caller(found: Sequence[StoredHit], owns: Callable[[str], bool], same: float) -> set[str]:
-    """The ids `search_bank` leaves out for a caller, before the top k are taken (so the answer is the one a bank
-    without them gives):
-    - someone else's item on (nearly) this very question (similarity >= the bank's `dedup_similarity`): it would
-      tell the caller that the question was asked, and when (issue 46);
-    - someone else's experience item (issue 62: `learning.reflection.experience`), whatever its similarity: it
-      quotes the search query, passages and short answer of that person's session, which name their question.
-      Only the model's prompt gets such strategy text, with the question withheld."""
-    return {h.item.id for h in found if not owns(h.item.session_id)
-            and (h.similarity >= same or h.item.judge_model == EXPERIENCE_JUDGE)}
-
-
 class BankHit(BaseModel):
-    """A rubric-bank item similar to the query."""
+    """One of the caller's own rubric-bank items, similar to the query."""
 
     id: str
-    question: str = Field(description="The question the item reflects on: only for the caller's own sessions; "
-                          f"otherwise {WITHHELD_QUESTION!r}.")
+    question: str = Field(description="The question of the caller's own session the item reflects on.")
     similarity: float
     score: float = Field(description="The reflection judge's score in [0, 1].")
     rubrics: str
@@ -420,7 +405,7 @@ def build_server(
             URL the SDK's auth metadata names.
         on_event: also receives every research event (e.g. stderr progress for the operator).
         owner: the identity every caller acts as: it owns the sessions `research` creates, and is the only owner
-            whose sessions `get_session` opens and whose questions `search_bank` shows.
+            whose sessions `get_session` opens and whose bank items `search_bank` returns.
         max_concurrent_runs: research runs at once; a call over it is refused (ToolError "busy").
     """
     auth: dict[str, Any] = {}
@@ -485,29 +470,21 @@ def build_server(
         k: Annotated[int, Field(ge=1, le=MAX_BANK_K, description=f"Hits to return, 1 to {MAX_BANK_K}.")] = 5,
         min_similarity: Annotated[float, Field(ge=0.0, le=1.0, description="Cosine similarity floor, 0 to 1.")] = 0.0,
     ) -> BankSearchResult:
-        """Search the rubric bank: reflections (rubrics and takeaways) the agent wrote on earlier, judged questions,
-        most similar question first, similarities rounded down to 0.1. The question text (and when it was written)
-        is shown only for this server's own sessions; others' are withheld, and their reflections on (nearly) the
-        query itself are left out."""
+        """Search your own reflections in the rubric bank: the rubrics and takeaways the agent wrote on this
+        server's earlier, judged sessions, most similar question first, similarities rounded down to 0.1. Only this
+        server's own items are returned; other people's reflections are never shown here."""
         if not query.strip():
             raise ToolError("the query is empty")
-        same = services.bank.config.dedup_similarity  # the bank's own "the same question in other words"
-
-        def others_near(found: Sequence[StoredHit]) -> set[str]:
-            return hidden_from_caller(found, _owns, same)
-
-        hits = await asyncio.to_thread(services.bank.search, query, k, hidden=others_near)
+        hits = await asyncio.to_thread(services.bank.search_own, query, k, owner)
         out: list[BankHit] = []
         for h in hits:
-            # Compared and shown coarse: a floor or a similarity finer than the grid would let a caller bisect or
-            # climb towards a hidden question.
-            similarity = coarse_similarity(h.similarity)
+            similarity = coarse_similarity(h.similarity)  # the 0.1 grid callers know; the floor compares with it
             if similarity < min_similarity:
                 break  # best first: nothing after it is above the floor either
-            own = _owns(h.item.session_id)
-            out.append(BankHit(id=h.item.id, question=h.item.question if own else WITHHELD_QUESTION,
-                               similarity=similarity, score=h.item.score, rubrics=h.item.rubrics,
-                               takeaways=h.item.takeaways, created_at=h.item.created_at if own else ""))
+            if not _owns(h.item.session_id):  # checked again against the scoped store, whatever the bank was given
+                continue
+            out.append(BankHit(id=h.item.id, question=h.item.question, similarity=similarity, score=h.item.score,
+                               rubrics=h.item.rubrics, takeaways=h.item.takeaways, created_at=h.item.created_at))
         return BankSearchResult(hits=out)
 
     @app.tool(annotations=ToolAnnotations(read_only_hint=True))

@@ -120,6 +120,35 @@ class SessionOwners:
                 found.update({str(r[0]): str(r[1]) for r in rows})
         return found
 
+    def sessions_of(self, owner: str) -> list[str]:
+        """Every session `owner` owns: the bank searches a person's own items among them (`RubricBank.search_own`),
+        so what a person is shown of the bank depends on their own data only (issue 65)."""
+        with self.log.transaction(write=False) as conn:
+            rows = conn.execute("SELECT session_id FROM sessions WHERE owner = ?", (owner,)).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def unshared_with(self, asker: str, session_ids: Sequence[str]) -> set[str]:
+        """The sessions among `session_ids` whose bank items may not reach `asker`'s prompt (issue 65): those of a
+        team other than the asker's current one that does not share (`teams.share_global`, the team's one opt-in to
+        let its data past its members), a removed team's included. Sessions of no team, and unknown ids (imported
+        or seed items), are shared with everyone."""
+        ids = sorted(set(session_ids))
+        teams: dict[str, tuple[str, bool]] = {}
+        with self.log.transaction(write=False) as conn:
+            row = conn.execute("SELECT team FROM users WHERE user_id = ?", (asker,)).fetchone()
+            own_team = None if row is None or row[0] is None else str(row[0])
+            sharing = {str(r[0]) for r in conn.execute("SELECT name FROM teams WHERE share_global = 1").fetchall()}
+            for start in range(0, len(ids), self._CHUNK):
+                chunk = ids[start:start + self._CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                rows = conn.execute(f"SELECT session_id, team, share_global FROM sessions WHERE session_id IN "
+                                    f"({marks}) AND team IS NOT NULL", tuple(chunk)).fetchall()
+                teams.update({str(r[0]): (str(r[1]), r[2] == 1) for r in rows})
+        # A team shares a session only if it shared when the session was asked (`sessions.share_global`, migration
+        # 0014) and still does: opting in later never hands over what was asked before.
+        return {sid for sid, (team, shared_then) in teams.items()
+                if team != own_team and not (shared_then and team in sharing)}
+
 
 def own_feedback(log: SessionLog, question: str, owner: str) -> list[FeedbackRecord]:
     """The notes `owner` gave on their own learnable sessions whose question is the same after normalisation, oldest

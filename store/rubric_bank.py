@@ -39,7 +39,7 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -150,6 +150,7 @@ WITHHELD_QUESTION = "(another session's question; not shown)"
 
 HELD_BACK = 1  # a search that must not tell what it left out never answers with the bank's last item (see search)
 SIMILARITY_STEP = 0.1  # the grid of similarities wherever another person's question could be behind one
+OWN_SESSIONS_PER_QUERY = 5000  # session ids per `$in` filter in `search_own`: ~25 ms for 5,000, 120 ms as 5 x 1,000
 
 
 def coarse_similarity(similarity: float) -> float:
@@ -219,10 +220,19 @@ def _vector(embedding: Sequence[float] | np.ndarray) -> list[float]:
 
 
 class SessionOwners(Protocol):
-    """Who owns which session (`store.people.SessionOwners` answers from the session log)."""
+    """Who owns which session, and whose items may reach whom (`store.people.SessionOwners` answers from the
+    session log)."""
 
     def owners_of(self, session_ids: Sequence[str]) -> Mapping[str, str]:
         """{session id: owner} for the ids that exist; unknown ids are left out."""
+        ...
+
+    def sessions_of(self, owner: str) -> Sequence[str]:
+        """Every session `owner` owns."""
+        ...
+
+    def unshared_with(self, asker: str, session_ids: Sequence[str]) -> Collection[str]:
+        """The sessions among `session_ids` of a team that is not `asker`'s and does not share (issue 65)."""
         ...
 
 
@@ -505,6 +515,8 @@ class RubricBank:
         `dedup_similarity`, the bank's own "same question in other words"). So nobody can test whether someone else
         asked a question: those items are left out before the top k are taken (`search` with `hidden`), so the
         number of items is the same as if they did not exist, and similarities are coarse (`coarse_similarity`).
+        Cross-episode, the asker's own items come first and others' fill the rest (`_shared_cross`, issue 65), and
+        an item of a team that is not the asker's and does not share (`teams.share_global`) never reaches them.
 
         Args:
             question: the user's question (only the question is embedded).
@@ -523,12 +535,127 @@ class RubricBank:
             if mode == "within":
                 return Retrieval("none")
         threshold = self.config.min_similarity if min_similarity is None else min_similarity
-        shared = self._owners is not None
-        found = self.search(question, self.config.top_k if k is None else k, exclude_sha=sha, embedding=embedding,
-                            hidden=self._hidden if shared or self._heldout is not None else None, hold_back=shared)
-        hits = [BankHit(withhold_question(h.item), coarse_similarity(h.similarity) if shared else h.similarity)
-                for h in found if h.similarity >= threshold]
+        top_k = self.config.top_k if k is None else k
+        if self._owners is not None:
+            hits = self._shared_cross(question, sha, top_k, threshold, embedding)
+        else:
+            found = self.search(question, top_k, exclude_sha=sha, embedding=embedding,
+                                hidden=self._hidden if self._heldout is not None else None, hold_back=False)
+            hits = [BankHit(withhold_question(h.item), h.similarity) for h in found if h.similarity >= threshold]
         return Retrieval("cross", tuple(hits)) if hits else Retrieval("none")
+
+    def _shared_cross(self, question: str, sha: str, k: int, threshold: float,
+                      embedding: Sequence[float] | np.ndarray | None) -> list[BankHit]:
+        """Cross-episode hits of the app's shared bank: the asker's own items first, then others' to fill the k.
+
+        Own first (issue 65): the chat names the asker's own items among those used, so which of them are used must
+        not depend on anyone else's items; a similar question someone else asked would otherwise push one of them
+        out of the top k and show that it was asked. Others' items fill what is left, less those on (nearly) this
+        question, those of a team that is not the asker's and does not share, and held-out ones; they reach the
+        prompt as rubrics and takeaways only. Every similarity is on the 0.1 grid; best first overall."""
+        if k <= 0:
+            return []
+        vec = _vector(embedding) if embedding is not None else self._query_vector(question)
+        asker = current_actor().owner
+        own = [h for h in self.search_own(question, k, asker, exclude_sha=sha, embedding=vec)
+               if h.similarity >= threshold]
+        others: list[BankHit] = []
+        if len(own) < k:
+            found = self.search(question, k - len(own), exclude_sha=sha, embedding=vec,
+                                hidden=lambda hits: self._not_for_others_slots(asker, hits), hold_back=True)
+            others = [h for h in found if h.similarity >= threshold]
+        hits = [BankHit(withhold_question(h.item), coarse_similarity(h.similarity)) for h in [*own, *others]]
+        return sorted(hits, key=lambda h: -h.similarity)  # stable: an own item first on a tie
+
+    def _not_for_others_slots(self, asker: str, hits: Sequence[BankHit]) -> set[str]:
+        """The ids a shared cross-episode search leaves out of the slots own items left: held-out items, the
+        asker's own items (already taken or below the threshold), others' on (nearly) the question, and items of
+        teams that keep theirs (`SessionOwners.unshared_with`)."""
+        if not hits:
+            return set()
+        owners = self._owners
+        assert owners is not None  # only a shared bank's retrieval calls this
+        sessions = sorted({h.item.session_id for h in hits})
+        of = owners.owners_of(sessions)
+        own = {h.item.id for h in hits if of.get(h.item.session_id) == asker}
+        near = {h.item.id for h in hits if h.similarity >= self.config.dedup_similarity}
+        kept_back = set(owners.unshared_with(asker, sessions))
+        unshared = {h.item.id for h in hits if h.item.session_id in kept_back}
+        return self._hidden(hits) | own | near | unshared
+
+    def search_own(
+        self,
+        question: str,
+        k: int,
+        owner: str,
+        *,
+        exclude_sha: str | None = None,
+        embedding: Sequence[float] | np.ndarray | None = None,
+    ) -> list[BankHit]:
+        """The `k` items reflected from `owner`'s own sessions most similar to `question`, best first (exact
+        similarities; held-out items left out).
+
+        Why a search of its own: what a person is shown of the bank (MCP `search_bank`, the chat's "Reflections
+        used") must be a function of their own data only, or a guess at someone else's question can be tested
+        against it (issue 65). It asks Chroma for items of the owner's sessions only, so nobody else's item is read,
+        ranked or held back. A bank without `owners` cannot tell whose an item is: it answers nothing, never
+        everything.
+        """
+        if k <= 0 or self._owners is None:
+            return []
+        sessions = sorted(set(self._owners.sessions_of(owner)))
+        if not sessions:
+            return []
+        vec = _vector(embedding) if embedding is not None else self._query_vector(question)
+        found: list[BankHit] = []
+        for chunk in _chunks(sessions, OWN_SESSIONS_PER_QUERY):
+            depth = k + 2
+            while True:
+                got = self._nearest(vec, depth, {"session_id": {"$in": chunk}})
+                usable = {i.id for i in self._unguarded([h.item for h in got])}
+                kept = [h for h in got if h.item.question_sha != exclude_sha and h.item.id in usable]
+                if len(kept) >= k or len(got) < depth:
+                    break
+                depth *= 4
+            found += kept[:k]
+        return sorted(found, key=lambda h: -h.similarity)[:k]
+
+    def _nearest(self, vec: list[float], n: int, where: dict[str, Any]) -> list[BankHit]:
+        """The `n` items nearest `vec` among those matching `where`, best first (fewer when fewer match)."""
+        def count() -> int:
+            with chroma_errors("count the rubric bank", BankError):
+                return self._collection.count()
+
+        def query() -> Any:
+            with chroma_errors("search the rubric bank", BankError):
+                return self._collection.query(
+                    query_embeddings=[vec], n_results=n, where=where,  # type: ignore[arg-type]
+                    include=["documents", "metadatas", "distances"])
+
+        res = read_unless_empty(query, count, None)
+        if res is None:
+            return []
+        ids, docs = res["ids"][0], (res["documents"] or [[]])[0]
+        metas, dists = (res["metadatas"] or [[]])[0], (res["distances"] or [[]])[0]
+        return [BankHit(_item(i, d, m), 1.0 - float(dist)) for i, d, m, dist in zip(ids, docs, metas, dists,
+                                                                                       strict=True)]
+
+    def owned_by(self, item_ids: Sequence[str], owner: str) -> list[BankItem]:
+        """The items among `item_ids` (in that order; missing ones skipped) reflected from `owner`'s own sessions:
+        the only ones a person is shown by id and question (the chat's "Reflections used", issue 65). A bank
+        without `owners` cannot tell whose an item is: none."""
+        wanted = list(dict.fromkeys(item_ids))
+        if not wanted or self._owners is None:
+            return []
+        got: dict[str, BankItem] = {}
+        for chunk in _chunks(wanted, self._max_batch()):
+            with chroma_errors("read the rubric bank", BankError):
+                res = self._collection.get(ids=chunk, include=["documents", "metadatas"])
+            docs, metas = res["documents"] or [], res["metadatas"] or []
+            got.update({i: _item(i, d, m) for i, d, m in zip(res["ids"], docs, metas, strict=True)})
+        items = [got[i] for i in wanted if i in got]
+        of = self._owners.owners_of(sorted({i.session_id for i in items}))
+        return [i for i in items if of.get(i.session_id) == owner]
 
     def _unguarded(self, items: Sequence[BankItem]) -> list[BankItem]:
         """`items` less those derived from a held-out question, each refusal logged with both ids (an item stored
@@ -546,17 +673,10 @@ class RubricBank:
         return kept
 
     def _hidden(self, hits: Sequence[BankHit]) -> set[str]:
-        """The ids a cross-episode search leaves out: other people's near-identical questions (a shared bank) and
-        items derived from held-out questions; the search goes deeper so that k hits still come back."""
+        """The ids a one-actor bank's search leaves out: items derived from held-out questions (the search goes
+        deeper so that k hits still come back). A shared bank leaves out more: `_not_for_others_slots`."""
         items = [h.item for h in hits]
-        guarded = {i.id for i in items} - {i.id for i in self._unguarded(items)}
-        return guarded | (self._others_near(hits) if self._owners is not None else set())
-
-    def _others_near(self, hits: Sequence[BankHit]) -> set[str]:
-        """The ids of hits on (nearly) the asked question that are not the asker's own: to be left out."""
-        near = [h.item for h in hits if h.similarity >= self.config.dedup_similarity]
-        own = {i.id for i in self._askers_own(near)}
-        return {i.id for i in near if i.id not in own}
+        return {i.id for i in items} - {i.id for i in self._unguarded(items)}
 
     def _askers_own(self, items: Sequence[BankItem]) -> list[BankItem]:
         """The items reflected from the asker's own sessions (all of them for a bank without `owners`)."""

@@ -19,7 +19,6 @@ from app.ui import approval, state
 from app.ui.runner import LiveRun, RunLimits
 from app.ui.view import (
     RunView,
-    bank_explanation,
     cited_html,
     error_reference,
     failure_text,
@@ -34,7 +33,7 @@ from app.ui.view import (
 from app.uploads import ingest_uploads, upload_limits
 from store.errors import SessionNotFound, StoreError
 from store.owner import acting_as
-from store.records import HISTORY_SOURCES, SessionRecord
+from store.records import HISTORY_SOURCES, BankItem, SessionRecord
 from store.threads import ChatThreads
 
 _STATUS_STATE = {"running": "running", "complete": "complete"}
@@ -174,16 +173,59 @@ def _corpus_size() -> str:
 # ---- drawing ------------------------------------------------------------------------------------------------------
 
 
+SHARED_NOTE = ("Reflections on other people's questions may also guide the agent, as strategy text only; they are "
+               "never shown or counted here.")
+MAX_SHOWN_QUESTION = 200  # characters of an own item's question in "Reflections used"
+
+
+def own_reflections(view: RunView) -> list[tuple[BankItem, float]]:
+    """The viewer's own items among the reflections the run put into its prompt, each with its similarity: the only
+    ones the chat names (issue 65). Which of anyone else's items were used, or how many, would answer "did someone
+    ask a question like mine?", so those are neither listed nor counted; the retrieval takes own items first, so
+    which own ones were used does not depend on anyone else's either (`RubricBank.retrieve`)."""
+    if not view.bank_items:
+        return []
+    bank = state.services().bank
+    if bank is None:
+        return []
+    similarity = {i.item_id: i.similarity for i in view.bank_items}
+    try:
+        own = bank.owned_by(list(similarity), state.viewer().user_id)
+    except StoreError as exc:
+        error_reference("Could not read the reflections used", exc)  # logged; the page names none
+        return []
+    return [(item, similarity[item.id]) for item in own]
+
+
+def bank_caption(view: RunView, own: list[tuple[BankItem, float]]) -> str:
+    """What the chat says of the rubric bank for a run: the viewer's own reflections only, then one fixed sentence
+    about everyone else's, the same whether any were used or not."""
+    if own and view.bank_mode == "within":
+        mine = "Used your own reflection from an earlier attempt at this same question (within-episode)."
+    elif own:
+        mine = f"Used {len(own)} of your own reflection(s) on similar earlier question(s)."
+    else:
+        mine = "None of your own earlier reflections were used."
+    return f"{mine} {SHARED_NOTE}"
+
+
+def _clipped(text: str) -> str:
+    """A question cut to MAX_SHOWN_QUESTION characters on one line (a pasted document stays one line)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_SHOWN_QUESTION else flat[:MAX_SHOWN_QUESTION - 1] + "…"
+
+
 def draw_run(view: RunView, live: bool) -> None:
     """One run: the four stages (each expandable), the bank reflections used, then the cited answer."""
     who = f"policy `{view.policy_version}`" if view.policy_version else "policy …"
     st.caption(f"{who} · session `{view.session_id or '…'}`")
-    st.caption("📚 " + bank_explanation(view))
-    if view.bank_items:
+    own = own_reflections(view)
+    st.caption("📚 " + bank_caption(view, own))  # our own words: the count is of the viewer's own items
+    if own:
         with st.expander("Reflections used"):
-            for item in view.bank_items:
-                st.markdown(f"- {md_literal(item.item_id)} {md_literal(item.question or '')} "
-                            f"(similarity {item.similarity:.2f})")
+            for item, similarity in own:  # the viewer's own question, still escaped: it may hold markup
+                shown = f" (similarity {similarity:.2f})" if view.bank_mode in ("within", "cross") else ""
+                st.markdown(f"- {md_literal(item.id)} {md_literal(_clipped(item.question))}{shown}")
     for stage in view.stages.values():
         if stage.state == "waiting":
             continue

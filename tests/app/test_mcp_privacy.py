@@ -4,7 +4,8 @@ The server is the real `rubricem mcp` command in a subprocess, bound to 127.0.0.
 of the three exact open binds, so it needs a token) over a real store seeded with other people's sessions and bank
 items. Its policy is a small HTTP server in this test that tokenizes and then holds every completion request until
 released, so a `research` call stays in flight without loading a model. The attacks: opening someone else's session,
-reading other people's questions out of the bank (also with a huge k and a negative similarity floor), a foreign Host
+reading other people's reflections or questions out of the bank (also with a huge k and a negative similarity floor),
+replaying the oracle "did someone ask Q?" with an exact, a paraphrased and a wrong guess (issue 65), a foreign Host
 header (DNS rebinding), and a second research run past the concurrency limit. Startup refusals (a short token,
 127.0.0.2 or a wildcard bind without what they need) are checked without a server.
 """
@@ -29,9 +30,10 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from learning.reflection.experience import EXPERIENCE_JUDGE
 from store import PromptRecord, SessionLog, StoreConfig
 from store.records import BankItem
-from store.rubric_bank import WITHHELD_QUESTION, RubricBank
+from store.rubric_bank import RubricBank
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +47,7 @@ LOCAL_Q = f"What did {SECRET} write about medieval Kent?"
 MCP_Q = "Who was Haymo of Faversham?"
 CAROL_Q = "How do you bake sourdough bread at home?"  # far from every query below
 UNASKED_Q = "How do glaciers carve a valley?"  # nobody asked anything like it
+PARAPHRASE_Q = f"{SECRET} grew up in a town on which river?"  # MiniLM cosine 0.92 to ALICE_Q, under the bank's 0.97
 
 
 # ---- a policy server that holds completions ---------------------------------------------------------------------
@@ -126,6 +129,12 @@ def _seed(data: Path) -> tuple[str, str, str]:
             bank.put(BankItem.new(question=question, rubrics=f"RUBRIC-{owner}", takeaways=f"TAKEAWAY-{owner}",
                                   score=0.8, judge_model="judge", policy_version="base", session_id=sid))
             sids.append(sid)
+        # carol's experience item (issue 62) quotes her search on a question near alice's: it is hers alone
+        sid = log.create_session(f"Where did {SECRET} grow up?", PROMPT, {}, "base", owner="carol", source="chat")
+        log.finish(sid, "completed", report="carol's report")
+        bank.put(BankItem.new(question=f"Where did {SECRET} grow up?", rubrics="RUBRIC-carol-experience",
+                              takeaways=f"searched {SECRET} hometown", score=0.8, judge_model=EXPERIENCE_JUDGE,
+                              policy_version="base", session_id=sid))
     del bank
     return sids[0], sids[1], sids[2]
 
@@ -205,20 +214,36 @@ def test_get_session_opens_only_the_mcp_identitys_sessions(served: Served) -> No
     assert own.structured_content["question"] == MCP_Q and own.structured_content["report"] == "mcp's report"
 
 
-def test_search_bank_withholds_other_peoples_questions(served: Served) -> None:
+def test_search_bank_returns_only_the_callers_own_items(served: Served) -> None:
+    """Issue 65: others' reflections came back with their stable item ids (questions withheld), so a caller could
+    watch one item appear and disappear as it guessed. Now the bank shows the MCP identity its own items only."""
     broad, exact = asyncio.run(_calls(served.url, [("search_bank", {"query": "a river in Kent", "k": 10}),
                                                    ("search_bank", {"query": ALICE_Q, "k": 10})]))
-    assert not broad.is_error, _text(broad)
-    hits = {h["rubrics"]: h for h in broad.structured_content["hits"]}
-    assert set(hits) == {"RUBRIC-alice", "RUBRIC-local", "RUBRIC-mcp"}  # the reflections themselves are shared
-    assert hits["RUBRIC-alice"]["question"] == WITHHELD_QUESTION and hits["RUBRIC-alice"]["created_at"] == ""
-    assert hits["RUBRIC-local"]["question"] == WITHHELD_QUESTION
-    assert hits["RUBRIC-mcp"]["question"] == MCP_Q and hits["RUBRIC-mcp"]["created_at"]  # its own to see
-    # Asking Alice's exact question must not reveal that she asked it: her reflection on it is left out.
-    assert not exact.is_error, _text(exact)
-    exact_hits = {h["rubrics"]: h for h in exact.structured_content["hits"]}
-    assert "RUBRIC-alice" not in exact_hits and {"RUBRIC-local", "RUBRIC-mcp"} <= set(exact_hits)
+    for result in (broad, exact):
+        assert not result.is_error, _text(result)
+        hits = result.structured_content["hits"]
+        assert [h["rubrics"] for h in hits] == ["RUBRIC-mcp"], hits  # alice's, local's and carol's are not shown
+        assert hits[0]["question"] == MCP_Q and hits[0]["created_at"]  # its own, to see in full
     assert SECRET not in _text(broad) + _text(exact)
+
+
+def test_replaying_the_oracle_through_search_bank(served: Served) -> None:
+    """Issue 65, finding 1: for alice's question, the exact guess left her item out (the 0.97 hide rule), a
+    paraphrase at cosine 0.92 returned it as the top hit, by its id, and a wrong guess returned it lower down. All
+    three must answer alike; what may differ is only the similarity of the caller's own items to the query."""
+    out = asyncio.run(_calls(served.url, [("search_bank", {"query": q, "k": k})
+                                          for k in (1, 5) for q in (ALICE_Q, PARAPHRASE_Q, UNASKED_Q)]))
+    assert not any(r.is_error for r in out), [_text(r) for r in out]
+
+    def answer(result: Any) -> list[tuple[Any, ...]]:
+        return [(h["id"], h["question"], h["rubrics"], h["takeaways"], h["score"], h["created_at"])
+                for h in result.structured_content["hits"]]
+
+    for per_k in (out[:3], out[3:]):
+        exact, paraphrase, wrong = (answer(r) for r in per_k)
+        assert exact == paraphrase == wrong, (exact, paraphrase, wrong)
+        assert [h[2] for h in exact] == ["RUBRIC-mcp"]
+    assert SECRET not in "".join(json.dumps(answer(r)) for r in out)
 
 
 def test_search_bank_answers_alike_whether_or_not_someone_asked(served: Served) -> None:
@@ -334,22 +359,3 @@ def test_a_listed_host_is_allowed_bare_for_a_proxy_and_with_the_port_for_direct_
     assert sec.enable_dns_rebinding_protection
     assert sec.allowed_hosts == ["10.0.0.5:8765", "mcp.example.org:8765", "mcp.example.org"]
     assert "https://mcp.example.org" in sec.allowed_origins and "http://evil.example" not in sec.allowed_origins
-
-
-def test_search_bank_never_shows_someone_elses_experience_item() -> None:
-    """Issue 62: an experience item quotes the query, passages and short answer of its session, which name that
-    person's question, so only its owner sees it through `search_bank`; a reflection of someone else stays shared
-    unless it is on (nearly) the query itself (issue 46)."""
-    from app.mcp_server import hidden_from_caller
-    from learning.reflection.experience import EXPERIENCE_JUDGE
-    from store.records import BankHit as StoredHit
-
-    def hit(session_id: str, judge: str, similarity: float) -> StoredHit:
-        item = BankItem.new(question=f"q of {session_id}", rubrics="r", takeaways="t", score=0.5, judge_model=judge,
-                            policy_version="base", session_id=session_id)
-        return StoredHit(item, similarity)
-
-    found = [hit("theirs", EXPERIENCE_JUDGE, 0.2), hit("mine", EXPERIENCE_JUDGE, 0.2), hit("theirs", "judge", 0.2),
-             hit("theirs", "judge", 0.97), hit("mine", "judge", 0.97)]
-    hidden = hidden_from_caller(found, lambda sid: sid == "mine", same=0.95)
-    assert hidden == {found[0].item.id, found[3].item.id}
