@@ -163,17 +163,31 @@ def report_fields(report: Report) -> dict[str, Any]:
     return out
 
 
+STORED_UNCHECKED = "this stored report was never checked against its passages"
+STORED_UNREADABLE = "this stored report's citation check could not be read"
+STORED_REBUILT = "this report was rebuilt from the stored session, without a citation check"
+
+
 def stored_report(record: SessionRecord) -> Report:
-    """The report of a stored session: as kept in its metrics, else rebuilt from the trajectory (older sessions)."""
+    """The report of a stored session: as kept in its metrics, else rebuilt from the trajectory (older sessions).
+
+    A report with citations and no readable check (stored before the check existed, with the check turned off, with
+    a damaged check, or rebuilt) says its citations are not verified and why: served from storage, it must never
+    read as checked when it was not (issue 64)."""
     kept = record.metrics.get("report") if isinstance(record.metrics, Mapping) else None
     known = record.trajectory.snippets
     refs = kept.get("references") if isinstance(kept, Mapping) else None
     if isinstance(kept, Mapping) and isinstance(refs, list) and all(isinstance(i, str) and i in known for i in refs):
-        return Report(record.report or "", str(kept.get("body", "")), tuple(known[i] for i in refs),
-                      int(kept.get("unknown_citations", 0)), bool(kept.get("answer_found", True)),
-                      bool(kept.get("attributed", False)), _stored_support(kept.get("support")),
-                      str(kept.get("raw_body", "")))
-    return build_report(record.trajectory)
+        support = _stored_support(kept.get("support"))
+        report = Report(record.report or "", str(kept.get("body", "")), tuple(known[i] for i in refs),
+                        int(kept.get("unknown_citations", 0)), bool(kept.get("answer_found", True)),
+                        bool(kept.get("attributed", False)), support, str(kept.get("raw_body", "")))
+        if support is None and report.references:
+            why = STORED_UNREADABLE if kept.get("support") is not None else STORED_UNCHECKED
+            return unverified_report(report, record.trajectory, why)
+        return report
+    report = build_report(record.trajectory)
+    return unverified_report(report, record.trajectory, STORED_REBUILT) if report.references else report
 
 
 def _stored_support(kept: object) -> SupportCheck | None:

@@ -1,13 +1,14 @@
 """Export a stored research report as Markdown, a standalone HTML page or a PDF (markdown-it-py, fpdf2).
 
-The answer is untrusted model output: raw HTML is escaped, unsafe links dropped, and images never rendered or fetched.
+The answer is untrusted model output: raw HTML is escaped, images never rendered or fetched, and links the model wrote
+shown as plain text (issue 65): the only links are the ones the app builds, `[n]` citations and the references' URLs.
 """
 
 from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -15,10 +16,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from markdown_it import MarkdownIt
-from markdown_it.renderer import RendererHTML
 from markdown_it.rules_core import StateCore
 from markdown_it.token import Token
-from markdown_it.utils import EnvType, OptionsDict
 
 from agent.followup import typed_question
 from agent.report import MAX_UNCITED_SOURCES, stored_report
@@ -156,21 +155,40 @@ def references_heading(doc: ExportDoc) -> str:
 SUPPORT_HEADING = "Citation check"
 
 
-def support_lines(doc: ExportDoc) -> list[str]:
-    """One plain line per checked claim ("supported (0.82): the sentence"), or the reason it was not verified;
-    empty when there is nothing to show. The sentences are the model's text: renderers escape them."""
+def support_lines(doc: ExportDoc, escape: Callable[[str], str] = lambda t: t) -> list[str]:
+    """One plain line per checked claim ("supported (0.82): the sentence", and for a vetoed citation why: "unsupported
+    (0.84): the sentence (number: 2: not a number the passage states)"), or the reason it was not verified; empty
+    when there is nothing to show. The sentences are the model's text: each renderer escapes them (`escape` for
+    the ones that are not HTML-escaped afterwards)."""
     c = doc.support
     if c is None or not c.shown:
         return []
     if not c.verified:
-        return [f"Not verified: {c.note}."]
-    return [f"{STATUS_WORDS[x.status]} ({x.score:.2f}): {_one_line(_clip(x.text))}" for x in c.claims]
+        return [f"Not verified: {escape(_one_line(c.note))}."]
+    out = []
+    for x in c.claims:
+        why = f" ({escape(_one_line(x.veto))})" if x.veto else ""
+        out.append(f"{STATUS_WORDS[x.status]} ({x.score:.2f}): {escape(_one_line(_clip(x.text)))}{why}")
+    if c.unchecked:
+        out.append(f"{c.unchecked} more cited sentence(s) not checked (no words to check, or past the limit).")
+    return out
+
+
+_MD_INLINE = re.compile(r"([\\`*_\[\]<>&|~])")
+
+
+def md_escape(text: str) -> str:
+    """Text that Markdown shows as written: every character that opens inline markup (emphasis, code, links,
+    raw HTML, entities, tables, strikethrough) is backslash-escaped. The claim never starts a line, so block
+    markers ("#", "-", "1.") need no escape."""
+    return _MD_INLINE.sub(r"\\\1", text)
 
 
 def to_markdown(doc: ExportDoc) -> str:
     """The report as a Markdown file: question, metadata, answer, references with their snippets.
 
-    The answer is the model's text verbatim; whoever renders this Markdown must treat it as untrusted.
+    The answer is the model's text verbatim; whoever renders this Markdown must treat it as untrusted. The citation
+    check's lines quote it escaped (`md_escape`), so they read as the sentences were written.
     """
     lines = [f"# {_one_line(doc.title)}", "", f"_{_meta_line(doc)}_", "", doc.body_markdown.strip(), ""]
     sections = ((references_heading(doc), doc.references, True), ("Sources consulted (not cited in the text)", doc.consulted,
@@ -187,12 +205,15 @@ def to_markdown(doc: ExportDoc) -> str:
             if snippet:
                 lines += ["", f"   > {snippet}", ""]
         lines.append("")
-    if support := support_lines(doc):
+    if support := support_lines(doc, md_escape):  # the claims are escaped: this section is the exporter's text
         lines += [f"## {SUPPORT_HEADING}", "", *(f"- {ln}" for ln in support), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
 # --- HTML -------------------------------------------------------------------------------------------------------
+
+
+CITE = "rubricem_cite"  # token meta key: a `[n]` citation link the app made (the only kind of link that stays)
 
 
 def _link_markers(state: StateCore) -> None:
@@ -236,7 +257,8 @@ def _marker_tokens(numbers: list[int], count: int, prefix: str, level: int) -> l
     """`[n]` as one link; `[1, 2]` as "[", a link per existing number, ", " between, "]" (missing numbers as text)."""
 
     def link(label: str, n: int) -> list[Token]:
-        return [Token("link_open", "a", 1, attrs={"href": f"#{prefix}{n}", "class": "cite"}, level=level),
+        return [Token("link_open", "a", 1, attrs={"href": f"#{prefix}{n}", "class": "cite"}, level=level,
+                      meta={CITE: True}),
                 _text_token(label, level + 1), Token("link_close", "a", -1, level=level)]
 
     if len(numbers) == 1:
@@ -254,14 +276,30 @@ def _text_token(content: str, level: int) -> Token:
     return Token("text", "", 0, content=content, level=level)
 
 
-def _render_link_open(
-    self: RendererHTML, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType
-) -> str:
-    # Links the model wrote point anywhere; keep the exported page from leaking the reader or lending it authority.
-    tok = tokens[idx]
-    if not str(tok.attrGet("href") or "").startswith("#"):
-        tok.attrSet("rel", "nofollow noopener noreferrer")
-    return self.renderToken(tokens, idx, options, env)
+def _model_links_as_text(state: StateCore) -> None:
+    """markdown-it core rule, after `_link_markers`: every link the model wrote (`[text](url)`, `<url>`, a reference
+    link) loses its anchor. Its text stays, followed by the URL in parentheses unless the text is the URL (an
+    autolink), all plain text a reader can see but not click (SECURITY.md: model and tool output cannot add links
+    to a page). A `rel="nofollow"` anchor was still a link the model composed, for a reader to follow or a PDF viewer
+    to open. The citation links `_link_markers` made (marked `CITE`) stay: they point at the references the app
+    lists from the sources the session retrieved."""
+    for block in state.tokens:
+        if block.type != "inline" or not block.children:
+            continue
+        out: list[Token] = []
+        opened: Token | None = None  # the model's link being unwrapped (CommonMark links never nest)
+        for tok in block.children:
+            if tok.type == "link_open" and not tok.meta.get(CITE):
+                opened = tok
+                continue
+            if tok.type == "link_close" and opened is not None:
+                href = str(opened.attrGet("href") or "")
+                if href and opened.markup != "autolink":
+                    out.append(_text_token(f" ({href})", tok.level))
+                opened = None
+                continue
+            out.append(tok)
+        block.children = out
 
 
 @lru_cache(maxsize=1)
@@ -269,7 +307,7 @@ def _markdown() -> MarkdownIt:
     """CommonMark with raw HTML off (escaped as text) and images off (never fetch what the model points at)."""
     md = MarkdownIt("commonmark", {"html": False, "maxNesting": 100}).disable("image")
     md.core.ruler.push("cite_links", _link_markers)
-    md.add_render_rule("link_open", _render_link_open)
+    md.core.ruler.push("model_links_as_text", _model_links_as_text)
     return md
 
 

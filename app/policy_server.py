@@ -26,6 +26,8 @@ Flags, and why (ENVIRONMENT.md §10, measured on 2 cores):
   shows. vLLM's own `--api-key` leaves /invocations, /adapters, /tokenize and /metrics open, so the server also loads
   `vllm_plugins/rubricem_vllm_guard.py` (`--middleware`), which asks for the key on every path but /health and refuses
   any request from a web page (an Origin header); `--allowed-origins []` keeps CORS closed whatever vLLM's default.
+  Without a key the guard also answers 421 to a Host header that is not a loopback host (issue 65): a page whose DNS
+  name is rebound to 127.0.0.1 sends no Origin with a GET, but it sends its own name as Host.
 * The server's environment is allow-listed (`INHERITED_NAMES`, `INHERITED_PREFIXES`): paths, locale, the CPU
   backend's and vLLM's own settings. The app's secrets (UI passwords, the MCP token, provider keys) stay out.
 """

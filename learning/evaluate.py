@@ -4,11 +4,20 @@ please the training judge does not pass by that alone.
 
 Both versions answer the same probe questions with the same seeds; the report holds per-stage means and the total
 (mean of the four stage scores) for each, and the decision.
+
+A rejection's reason is stored with the version and the cycle, and the Learning page shows it (issue 65, finding 13).
+The gate's own sentences hold numbers only (`is_gate_reason` tells them apart). A candidate rejected before the gate
+(`adapter_problem`) has a reason that names server paths and exception text: it begins with one fixed sentence and a
+short error reference, logged here with the whole reason, so a person who is not an admin is shown the sentence and
+the reference alone.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import re
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +28,12 @@ from store.records import STAGES, Trajectory
 
 Probe = Callable[[str, int], Awaitable[Trajectory]]
 """Research one probe question with a given seed on one policy version."""
+
+_log = logging.getLogger(__name__)
+
+ADAPTER_REJECTED = "The candidate adapter could not be served"
+"""The fixed start of a reason from `adapter_problem`; what follows it is for the operator."""
+_REFERENCE = re.compile(r"\(error reference ([0-9a-f]{8})\)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +65,26 @@ class GateReport:
 
 
 def adapter_problem(path: Path) -> str | None:
-    """Why an adapter folder cannot be served (missing files, non-finite weights), or None if it looks sound."""
+    """Why an adapter folder cannot be served, or None if it looks sound.
+
+    The reason is `ADAPTER_REJECTED`, an error reference, then the detail (missing files, unreadable or non-finite
+    weights), which names the folder and the exception. The whole reason is logged under the reference, so the one
+    a non-admin is shown (`rejection_reference`) leads the operator to it.
+    """
+    detail = _adapter_detail(Path(path))
+    if detail is None:
+        return None
+    ref = secrets.token_hex(4)
+    _log.error("candidate adapter rejected [error %s]: %s", ref, detail)
+    return f"{ADAPTER_REJECTED} (error reference {ref}): {detail}"
+
+
+def _adapter_detail(path: Path) -> str | None:
+    """What is wrong with the adapter folder `path`, in the operator's words (paths, exception text)."""
     from safetensors.torch import load_file
 
-    weights = Path(path) / "adapter_model.safetensors"
-    if not (Path(path) / "adapter_config.json").is_file() or not weights.is_file():
+    weights = path / "adapter_model.safetensors"
+    if not (path / "adapter_config.json").is_file() or not weights.is_file():
         return f"{path} lacks adapter_config.json or adapter_model.safetensors"
     try:
         tensors = load_file(str(weights))
@@ -64,6 +94,24 @@ def adapter_problem(path: Path) -> str | None:
     if bad:
         return f"non-finite adapter weights in {len(bad)} tensor(s), e.g. {bad[0]}"
     return None
+
+
+def rejection_reference(reason: str) -> str | None:
+    """The error reference an `adapter_problem` reason carries (None: it has none, e.g. stored before issue 65)."""
+    found = _REFERENCE.search(reason)
+    return found.group(1) if found else None
+
+
+_NUMBER = r"-?(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?|nan|inf)"
+_DECISION = (rf"the candidate's probe score is not finite|\d+ failed probe runs against live's \d+|"
+             rf"probe score {_NUMBER} (?:<|>=) live {_NUMBER} - tolerance {_NUMBER}")
+_GATE_REASON = re.compile(rf"(?:{_DECISION})|team questions: (?:{_DECISION}); general questions: (?:{_DECISION})")
+
+
+def is_gate_reason(reason: str) -> bool:
+    """Whether `reason` is one of the gate's own sentences (`decide`, `team_gate`): numbers and fixed words only,
+    safe to show to anyone who may see the version. Anything else may name paths or exception text."""
+    return _GATE_REASON.fullmatch(reason) is not None
 
 
 async def score_version(version: str, probe: Probe, judge: TrajectoryJudge, questions: Sequence[str],

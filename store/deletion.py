@@ -29,17 +29,24 @@ saved in the shared buffer, so other people's notes stay in the feedback table a
 Work running when a deletion commits does not undo it (issue 46): the number of deletion records is the store's
 deletion epoch (`SessionLog.deletion_epoch`), which a judge reads before the sessions it judges; its rubric-buffer
 save writes nothing once the epoch has grown. The reflection writer takes back a bank item whose session is gone.
+A judge answer on its way when the judge cache is emptied is not written after it (issue 65): `clear_judge_cache`
+first renews the folder's generation, which the cache's write checks under the same lock.
 
 What a trained adapter learned cannot be taken out of it: the marks say which versions that concerns.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import re
+import secrets
 import shutil
+import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -59,6 +66,11 @@ _OWNED = "SELECT session_id FROM sessions WHERE owner = ?"
 FEEDBACK_RUBRIC_TITLE = "Address user feedback: "  # learning.judge.feedback.FEEDBACK_TITLE_PREFIX (a test ties them)
 _CACHE_DIR = re.compile(r"^[0-9a-f]{2}$")
 _CACHE_ENTRY = re.compile(r"^(\.[0-9a-f]{8}-.*\.tmp|[0-9a-f]{64}\.json)$")
+# Beside the judge cache's entries (issue 65, finding 12): a lock every process sharing the folder takes, and the
+# folder's generation, a random token each clear replaces. A judge call reads the generation before it asks the
+# endpoint and writes its answer only if the generation is still the same, under the lock.
+JUDGE_CACHE_LOCK = ".lock"
+JUDGE_CACHE_GENERATION = ".generation"
 
 
 class DerivedBank(Protocol):
@@ -352,10 +364,17 @@ def remove_run_folder(runs_dir: Path, cycle_id: str) -> bool:
 
 def clear_judge_cache(root: Path) -> tuple[int, list[str]]:
     """Remove every judge-cache entry under `root` (`learning.judge.cache.JudgeCache`'s layout: `<key[:2]>/<key>.json`
-    and its temporary files); anything else in the folder is left. Returns (entries removed, failures)."""
+    and its temporary files); anything else in the folder is left. Returns (entries removed, failures).
+
+    First, under the cache's lock, the folder gets a new generation (the folder is made if it is not there yet): a
+    judge call already waiting on the endpoint when this runs may hold a deleted person's text, and its write, which
+    checks the generation under the same lock, is then dropped instead of landing after the clear (issue 65)."""
+    try:
+        with judge_cache_lock(root):
+            _new_generation(root)
+    except OSError as exc:
+        return 0, [f"judge cache generation in {root}: {exc}"]
     removed, failed = 0, []
-    if not root.is_dir():
-        return 0, []
     for sub in root.iterdir():
         if not (sub.is_dir() and _CACHE_DIR.match(sub.name)):
             continue
@@ -370,6 +389,51 @@ def clear_judge_cache(root: Path) -> tuple[int, list[str]]:
             except OSError as exc:
                 failed.append(f"judge cache entry {entry}: {exc}")
     return removed, failed
+
+
+@contextlib.contextmanager
+def judge_cache_lock(root: Path) -> Iterator[None]:
+    """Hold the judge cache folder's lock (an advisory `flock` on `root/.lock`, made with the folder if missing).
+
+    Every process sharing the folder takes it: the app (deletions), `rubricem judge` and the retraining cycle's judge
+    (writes). The lock is per open file, so threads of one process exclude each other too.
+
+    Raises:
+        OSError: the folder or its lock file cannot be made or opened.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / JUDGE_CACHE_LOCK, "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def judge_cache_generation(root: Path) -> str | None:
+    """The judge cache folder's generation: "" before any clear, the token the last clear wrote, or None when it
+    cannot be read (a write is then never allowed: whether a clear came in between cannot be told)."""
+    try:
+        return (root / JUDGE_CACHE_GENERATION).read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError):
+        return None
+
+
+def _new_generation(root: Path) -> None:
+    """Replace the folder's generation by a fresh random token, atomically (temp file + rename). Call under the lock."""
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=".generation-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(secrets.token_hex(16))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, root / JUDGE_CACHE_GENERATION)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def resume_deletions(log: SessionLog, bank: DerivedBank) -> dict[str, int]:

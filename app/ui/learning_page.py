@@ -16,7 +16,7 @@ import streamlit as st
 from agent.accounting import UsageTotals, format_cost, prices_note
 from app import dashboard
 from app.ui import state
-from app.ui.view import cycle_reason, md_literal
+from app.ui.view import cycle_reason, md_literal, version_reason
 from store.deletion import versions_trained_on_deleted_data
 
 
@@ -142,10 +142,12 @@ def page() -> None:
 
     st.subheader("Policy versions")
     deleted = versions_trained_on_deleted_data(svc.log)  # what an adapter learned cannot be deleted from it
+    admin = state.viewer().admin  # a rejection's detail names server paths: admins only (`view.rejection_text`)
     st.dataframe(pd.DataFrame([{
         "version": v.name, "team": v.team or "", "live": "●" if v.live else "", "status": v.status,
         "parent": v.parent or "",
-        "held-out score": v.eval_total, "live score": v.eval_live_total, "reason": v.reason or "",
+        "held-out score": v.eval_total, "live score": v.eval_live_total,
+        "reason": version_reason(v.status, v.name, v.reason, admin=admin),
         "trained on deleted data": "yes" if v.name in deleted else "",
         "created": v.created_at[:19]} for v in dashboard.version_rows(svc.registry, teams)]), hide_index=True)
 
@@ -166,7 +168,7 @@ def page() -> None:
             "candidate": c.candidate or "", "sessions used": c.new_sessions,
             "skipped (no consent)": c.skipped_sessions, "candidate score": c.candidate_score,
             "live score": c.live_score, **_cost_cells(spent.get(c.cycle_id)),
-            "reason": cycle_reason(c.status, c.cycle_id, c.reason)}
+            "reason": cycle_reason(c.status, c.cycle_id, c.reason, admin=admin)}
             for c in cycles]), hide_index=True)
         st.caption(md_literal(
             f"Tokens and cost: the policy serving each cycle's window of sessions and the judge grading them; "

@@ -19,6 +19,7 @@ from agent.report import Report, stored_report
 from agent.support import STATUS_WORDS, support_sentence
 from app import events as ev
 from app.export import answer_html, web_url
+from learning.evaluate import is_gate_reason, rejection_reference
 from learning.judge.offline import plan_checklist
 from store.records import STAGES, SessionRecord, Snippet
 
@@ -239,15 +240,41 @@ def failure_text(view: RunView) -> str:
     return f"The run failed (error reference: session `{sid}`; the details are in the session log)."
 
 
-def cycle_reason(status: str, cycle_id: str, reason: str | None) -> str:
+def cycle_reason(status: str, cycle_id: str, reason: str | None, *, admin: bool = False) -> str:
     """What the Learning page says about a retraining cycle's outcome. A failed cycle's stored reason is exception
     text (hosts, paths) and every signed-in person may open the page: it gets a generic line whose reference is the
     cycle, as a failed run's is its session (the operator reads the text in `rubricem versions` and the trainer's
-    log). Skips and gate decisions are the app's own sentences, shown as they are."""
+    log). A rejected cycle's reason goes through `rejection_text`. Skips and the gate's decisions are the app's own
+    sentences, shown as they are."""
+    if status == "rejected":
+        return rejection_text(reason, f"cycle {cycle_id}", admin=admin)
     if status != "failed":
         return reason or ""
     ref = re.sub(r"[^A-Za-z0-9_-]", "", cycle_id)
     return f"The cycle failed (error reference: cycle {ref}; the details are in the retraining log)."
+
+
+def version_reason(status: str, version: str, reason: str | None, *, admin: bool = False) -> str:
+    """What the Learning page's versions table says about why a version is where it is: a rejected one's reason
+    through `rejection_text`; a promotion's (the gate's sentence, or an admin's words) as it is."""
+    if status == "rejected":
+        return rejection_text(reason, f"version {version}", admin=admin)
+    return reason or ""
+
+
+def rejection_text(reason: str | None, fallback: str, *, admin: bool) -> str:
+    """Why a candidate was rejected, for this viewer (issue 65, finding 13).
+
+    The gate's own sentences (numbers only) are shown to everyone. Any other reason (an adapter that cannot be
+    served) names server paths and exception text: admins see it whole; everyone else gets one fixed sentence and
+    its error reference, which the trainer logged with the whole reason. A reason stored without a reference (before
+    issue 65) is referred to by `fallback` (the cycle or version, whose reason `rubricem versions` shows).
+    """
+    text = reason or ""
+    if admin or not text or is_gate_reason(text):
+        return text
+    ref = rejection_reference(text) or re.sub(r"[^A-Za-z0-9_@: -]", "", fallback)
+    return f"The candidate was rejected (error reference: {ref}; the details are in the retraining log)."
 
 
 def _note_text(kind: str, data: dict[str, object]) -> str:

@@ -13,12 +13,19 @@ later version is closed until someone opens it here.
 And whatever the key: a request that carries an `Origin` header is refused. Browsers send one with every POST, so a
 web page (cross-site, or through a DNS name rebound to this address) cannot load adapters or sample; no client of
 the policy server is a browser.
+
+Without a key (the launcher allows that only on a loopback bind: 127.0.0.1, localhost or ::1), the Host header must
+name a loopback host too: `localhost`, a 127.x address or ::1, at any port (issue 65, finding 14). A browser's GET
+sends no Origin, so a web page whose DNS name an attacker rebinds to 127.0.0.1 could otherwise read /v1/models and
+/metrics; its requests carry that name as Host and get 421. The configured host is always one of those names then.
+With a key, the key is the lock and the Host is not checked (behind a proxy it is a name this module cannot know).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -30,11 +37,15 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/health"})  # liveness probes carry no key; it tells nothing but "up"
+LOOPBACK_NAMES = frozenset({"localhost"})  # and every loopback address (127.0.0.0/8, ::1)
+WRONG_HOST = ("this policy server has no key and answers only requests addressed to a loopback host (localhost, "
+              "127.0.0.1 or [::1]); set RUBRICEM_AGENT__POLICY_API_KEY to serve other names")
 
 
 class PolicyServerGuard:
     """Pure ASGI middleware: 403 for any request with an Origin header, 401 without the bearer key (when one is set)
-    on every path but /health. Keys are compared as SHA-256 digests in constant time."""
+    on every path but /health, and with no key set, 421 for a Host header that is not a loopback host. Keys are
+    compared as SHA-256 digests in constant time."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -49,6 +60,8 @@ class PolicyServerGuard:
         path = scope["path"].removeprefix(scope.get("root_path", "") or "")
         if b"origin" in headers:
             await _refuse(scope, send, 403, "requests from web pages are refused")
+        elif self._key_digest is None and not is_loopback_host(headers.get(b"host", b"").decode("latin-1")):
+            await _refuse(scope, send, 421, WRONG_HOST)
         elif self._key_digest is not None and path not in OPEN_PATHS and not self._authorized(headers):
             await _refuse(scope, send, 401, "Unauthorized")
         else:
@@ -59,6 +72,33 @@ class PolicyServerGuard:
         if scheme.lower() != "bearer" or self._key_digest is None:
             return False
         return hmac.compare_digest(hashlib.sha256(given.strip().encode()).digest(), self._key_digest)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a Host header names this machine's loopback interface: `localhost`, a 127.x address or ::1 (bracketed),
+    with or without a port. An empty or malformed header is not (HTTP/1.1 clients always send one)."""
+    name = host.strip().lower()
+    if name.startswith("["):  # [v6] or [v6]:port
+        name, bracket, rest = name[1:].partition("]")
+        if not bracket or (rest and not _is_port(rest)):
+            return False
+    elif name.count(":") == 1:
+        name, _, port = name.partition(":")
+        if not _is_port(":" + port):
+            return False
+    elif ":" in name:  # a bare IPv6 address is not a valid Host header
+        return False
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_port(text: str) -> bool:
+    """`:` and one to five digits."""
+    return text.startswith(":") and 1 <= len(text) - 1 <= 5 and text[1:].isdigit()
 
 
 async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:

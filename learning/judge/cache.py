@@ -2,6 +2,11 @@
 
 One small JSON file per answer under `<root>/<key[:2]>/<key>.json`, written atomically (temp file + rename) so a crash
 or a concurrent writer never leaves a half-written entry; an unreadable entry is treated as a miss and overwritten.
+
+A deletion empties the folder (`store.deletion.clear_judge_cache`) and gives it a new generation first. A judge call
+takes the generation before it asks the endpoint (`JudgeCache.generation`) and hands it to `put`, which renames its
+entry into place only while the generation is unchanged, under the folder's lock: an answer that was on its way when a
+deletion ran, possibly quoting the deleted person's text, is never written after the clear (issue 65, finding 12).
 """
 
 from __future__ import annotations
@@ -12,14 +17,24 @@ import logging
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from store.deletion import judge_cache_generation, judge_cache_lock
 
 logger = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # bump when the entry layout changes; older entries then read as misses
+
+
+class _Now(Enum):
+    NOW = "now"
+
+
+NOW = _Now.NOW  # `put`'s default generation: the folder's as the write happens (no request was in flight)
 
 
 class CachedAnswer(BaseModel):
@@ -104,12 +119,30 @@ class JudgeCache:
             return None
         return entry
 
-    def put(self, key: str, entry: CachedAnswer) -> bool:
-        """Store `entry` under `key` atomically. Returns False (and logs) if the disk refused: a cache write must
-        never cost the caller its answer."""
+    def generation(self) -> str | None:
+        """The folder's generation now (None: unreadable). Take it before the request whose answer `put` stores."""
+        return judge_cache_generation(self.root)
+
+    def put(self, key: str, entry: CachedAnswer, *, generation: str | None | Literal[_Now.NOW] = NOW) -> bool:
+        """Store `entry` under `key` atomically, if the folder's generation is still `generation`.
+
+        Args:
+            key: The request's cache key.
+            entry: The answer.
+            generation: What `generation()` returned before the request was sent. The entry is dropped when a clear
+                has changed it since (or when either cannot be read): the answer may hold deleted data. `NOW`: the
+                folder's generation as the write happens, for an entry no request produced.
+
+        Returns:
+            True when the entry was written; False when it was dropped, or the disk refused (logged): a cache write
+            must never cost the caller its answer.
+        """
         path = self.path_for(key)
         tmp_name: str | None = None
         try:
+            if generation is None:
+                logger.info("judge cache write of %s skipped: the cache's generation was unreadable", path.name)
+                return False
             path.parent.mkdir(parents=True, exist_ok=True)
             # The temp file sits in the same folder so os.replace is an atomic rename on the same filesystem.
             with tempfile.NamedTemporaryFile(
@@ -119,13 +152,24 @@ class JudgeCache:
                 fh.write(entry.model_dump_json())
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp_name, path)
+            with judge_cache_lock(self.root):  # a clear takes the same lock: it runs wholly before or after this
+                now = judge_cache_generation(self.root)
+                if now is None or (generation is not NOW and now != generation):
+                    logger.info("judge cache write of %s skipped: the cache was cleared while the call ran", path.name)
+                    _unlink(tmp_name)
+                    return False
+                os.replace(tmp_name, path)
             return True
         except OSError as exc:
             logger.warning("judge cache write of %s failed: %s", path.name, exc)
             if tmp_name is not None:
-                try:
-                    os.unlink(tmp_name)
-                except OSError:
-                    pass
+                _unlink(tmp_name)
             return False
+
+
+def _unlink(name: str) -> None:
+    """Remove a temporary file; one already gone (a clear removed it) or not removable is left to the next clear."""
+    try:
+        os.unlink(name)
+    except OSError:
+        pass

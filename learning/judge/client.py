@@ -337,6 +337,7 @@ class JudgeClient:
     ) -> JudgeCall:
         budget = int(max_tokens if max_tokens is not None else self.max_tokens)
         key = None
+        generation: str | None = None  # the cache's, before the request: a clear meanwhile drops the write
         if self._cache is not None:
             key = cache_key(
                 model=self.model,
@@ -350,6 +351,7 @@ class JudgeClient:
             hit = self._cache_lookup(key, schema, validate)
             if hit is not None:
                 return hit
+            generation = self._cache.generation()
 
         conversation = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
         first = await self._request(conversation, schema, name, budget, temperature)
@@ -357,7 +359,7 @@ class JudgeClient:
         spent = first.usage
         try:
             data = self._parse(first, schema, validate)
-            self._cache_store(key, name, first)
+            self._cache_store(key, name, first, generation)
             return JudgeCall(data=data, model=self.model, usage=spent)
         except _InvalidOutput as exc:
             first_error = str(exc)
@@ -381,7 +383,7 @@ class JudgeClient:
             raise JudgeOutputInvalid(
                 self._redact(f"judge output for {name!r} invalid after one repair retry: {exc}"), usage=spent
             ) from None
-        self._cache_store(key, name, second)
+        self._cache_store(key, name, second, generation)
         return JudgeCall(data=data, model=self.model, repaired=True, usage=spent)
 
     # --- parsing and the cache -------------------------------------------------------------------------------
@@ -419,7 +421,8 @@ class JudgeClient:
         self._usage = self._usage + hit
         return JudgeCall(data=data, model=self.model, cached=True, usage=hit)
 
-    def _cache_store(self, key: str | None, name: str, answer: _Answer) -> None:
+    def _cache_store(self, key: str | None, name: str, answer: _Answer, generation: str | None) -> None:
+        """Cache a valid answer, unless the cache was cleared (a deletion) since `generation` was read."""
         if key is None or self._cache is None:
             return
         self._cache.put(
@@ -431,6 +434,7 @@ class JudgeClient:
                 prompt_tokens=answer.usage.prompt_tokens,
                 completion_tokens=answer.usage.completion_tokens,
             ),
+            generation=generation,
         )
 
     @staticmethod

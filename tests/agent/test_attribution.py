@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.report import attribute_report, build_report, report_fields, stored_report
+from agent.report import (STORED_UNCHECKED, attribute_report, build_report, report_fields, stored_report,
+                          unverified_report)
+from agent.support import SupportCheck
 from store.embeddings import embed_texts
 from store.records import SessionRecord
 from tests.judge.builders import trajectory
@@ -49,7 +51,11 @@ def test_stored_report_gives_back_the_report_the_run_kept() -> None:
     record = SessionRecord(session_id="s1", question=traj.question, status="completed", created_at="t",
                            finished_at="t", policy_version="base", options={}, trajectory=traj,
                            report=report.markdown, metrics={"report": report_fields(report)})
-    assert stored_report(record) == report
+    # matched references that were never checked against their passages say so when served from storage (issue 64)
+    assert stored_report(record) == unverified_report(report, traj, STORED_UNCHECKED)
+    assert "Citations not verified" in stored_report(record).markdown
+    checked = replace(report, support=SupportCheck(()))
+    assert stored_report(replace(record, metrics={"report": report_fields(checked)})) == checked
     # sessions stored before reports were kept (or with ids that no longer resolve) are rebuilt from the trajectory
     assert stored_report(replace(record, metrics={})) == build_report(traj)
     broken = replace(record, metrics={"report": report_fields(report) | {"references": ["nope-0"]}})

@@ -122,7 +122,7 @@ def test_claims_in_lists_and_tables_are_checked_and_no_text_is_lost() -> None:
 def test_a_very_long_answer_checks_the_first_claims_and_keeps_the_rest_as_written() -> None:
     traj = _traj("x")
     refs = (traj.snippets["p1-0"],)
-    body = " ".join(f"Delhi has very hot summers number {i} [1]." for i in range(MAX_CLAIMS + 5))
+    body = " ".join("Delhi has very hot summers [1]." for _ in range(MAX_CLAIMS + 5))  # no number the passage lacks
     fixed = check_support(body, refs, list(traj.snippets.values()), embed_texts)
     assert len(fixed.check.claims) == MAX_CLAIMS and fixed.check.unchecked == 5
     assert fixed.body.count("[1]") == MAX_CLAIMS + 5
@@ -147,7 +147,9 @@ def test_the_stored_report_keeps_the_check_and_the_body_as_written() -> None:
                            report=report.markdown, metrics={"report": report_fields(report)})
     assert stored_report(record) == report and report.raw_body
     damaged = replace(record, metrics={"report": report_fields(report) | {"support": {"claims": [{"status": "x"}]}}})
-    assert stored_report(damaged).support is None  # an unreadable check is dropped, the report still shows
+    shown = stored_report(damaged)  # an unreadable check is dropped, the report still shows, and says it is unchecked
+    assert shown.support is not None and not shown.support.verified and shown.body == report.body
+    assert "Citations not verified" in shown.markdown
 
 
 def test_support_reads_words_and_meaning() -> None:

@@ -162,9 +162,10 @@ def test_html_escapes_the_model_output_instead_of_rendering_it() -> None:
     assert not any(h.lower().startswith("javascript:") for h in hrefs)
     assert "https://tracker.example/pixel.png" not in [a.get("src") for _, a in page.tags]
     external = [a for a in page.all("a") if (a.get("href") or "").startswith("http")]
-    assert {a["href"] for a in external} == {"https://example.org/ok", "https://tracker.example/pixel.png",
-                                             "https://example.com/atlas?a=1&b=2"}
+    # Links the model wrote are text (issue 65); only the reference's URL, from the retrieved source, is a link.
+    assert {a["href"] for a in external} == {"https://example.com/atlas?a=1&b=2"}
     assert all(a.get("rel") == "nofollow noopener noreferrer" for a in external)
+    assert "ok (https://example.org/ok)" in text and "!tracker (https://tracker.example/pixel.png)" in text
 
 
 def test_only_web_urls_become_links_in_references() -> None:
@@ -271,7 +272,7 @@ def test_every_format_lists_the_citation_check_with_the_sentences_escaped() -> N
     d = replace(doc(body="Haymo died in 1244 [1]. <b>Bold</b> claim *(unsupported)*.", refs=REFS[1:]), support=check)
     md = to_markdown(d)
     assert "## Citation check" in md and "- supported (0.81): Haymo died in 1244." in md
-    assert "- unsupported (0.12): <b>Bold</b> claim" in md  # Markdown is the model's text verbatim (documented)
+    assert r"- unsupported (0.12): \<b\>Bold\</b\> claim" in md  # the claim is escaped in Markdown (issue 64)
     page = to_html(d)
     assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
     assert 'id="citation-check"' in page and "unsupported (0.12)" in "".join(Parsed(page).text)
