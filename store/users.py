@@ -345,16 +345,13 @@ class Users:
             uid = check_user_id(user_id)
         except InvalidInput:
             return None
-        with self.log.transaction(write=False) as conn:
-            row = conn.execute("SELECT password_hash FROM users WHERE user_id = ? AND kind = 'password'",
-                               (uid,)).fetchone()
+        stored = self._password_hash(uid)
         raw = password.encode("utf-8") if isinstance(password, str) else b""
         if not raw or len(raw) > _BCRYPT_MAX_BYTES:
             return None
-        if row is None:  # spend a hash check anyway, so timing does not tell which names exist
+        if stored is None:  # spend a hash check anyway, so timing does not tell which names exist
             bcrypt.checkpw(raw, _dummy_hash())
             return None
-        stored = str(row[0])
         try:
             ok = bcrypt.checkpw(raw, stored.encode("ascii"))
         except ValueError:  # a corrupt hash is a failed login, and its text never reaches a message
@@ -367,10 +364,15 @@ class Users:
             uid = check_user_id(user_id)
         except InvalidInput:
             return None
+        stored = self._password_hash(uid)
+        return None if stored is None else _login_key(stored)
+
+    def _password_hash(self, uid: str) -> str | None:
+        """The stored bcrypt hash of password account `uid` (already checked), or None when there is none."""
         with self.log.transaction(write=False) as conn:
             row = conn.execute("SELECT password_hash FROM users WHERE user_id = ? AND kind = 'password'",
                                (uid,)).fetchone()
-        return None if row is None or row[0] is None else _login_key(str(row[0]))
+        return None if row is None or row[0] is None else str(row[0])
 
 
 def _refuse_taken_name(conn: Connection, name: str) -> None:
