@@ -159,6 +159,15 @@ def _on_off(value: bool) -> str:
     return "on" if value else "off"
 
 
+# What a team's sharing (`teams.share_global`) does, as the store applies it: the global cycle's window and the bank's
+# `SessionOwners.unshared_with` both take a team's session only if the team shared when it was asked and still shares.
+SHARING_ON = ("the sessions its people ask from now on also train the global policy, and the reflections written "
+              "from them also guide the research of people outside the team (as strategy text, never their "
+              "questions); sessions asked before stay the team's own")
+SHARING_OFF = ("at once, none of its sessions trains the global policy any more, and the reflections written from "
+               "them guide only the team's own members")
+
+
 def team_rows(log: SessionLog) -> list[tuple[str, tuple[str, ...], bool, str]]:
     """(name, members, share_global, what serves it) for every team: its own live version, or `global (<the global
     live version>)` while it has none, so the operator sees which adapter each team's people get right now."""
@@ -209,7 +218,8 @@ def _team(log: SessionLog, args: argparse.Namespace) -> None:
         print(f"{args.user} is in no team (was: {was or 'none'}): their next sessions use the global policy")
     else:
         record = teams.set_share(args.name, args.state == "on")
-        print(f"team {record.name}: its sessions also train the global policy: {_on_off(record.share_global)}")
+        print(f"team {record.name}: sharing {_on_off(record.share_global)}: "
+              + (SHARING_ON if record.share_global else SHARING_OFF))
 
 
 def _delete_data(settings: Settings, log: SessionLog, args: argparse.Namespace) -> int:
@@ -293,12 +303,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 def _add_team_parsers(acts: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register `rubricem users team ...`: each team's policy learns from its own consenting sessions only."""
-    team = acts.add_parser("team", help="teams: each team's policy learns only from its own people's sessions")
+    team = acts.add_parser("team", help="teams: each team's policy learns only from its own people's sessions, and "
+                           "the reflections written from them guide only its own people, unless the team shares")
     tacts = team.add_subparsers(dest="team_action", required=True)
     add = tacts.add_parser("add", help="a team (a name of a-z, 0-9, - and _); served the global policy until a "
                            "version of its own is promoted")
     add.add_argument("name")
-    add.add_argument("--share", action="store_true", help="let its sessions also train the global policy")
+    add.add_argument("--share", action="store_true", help="share from the start: its sessions also train the global "
+                     "policy, and the reflections written from them also guide people outside the team")
     tacts.add_parser("list", help="every team, with members, share and the version it is served")
     rem = tacts.add_parser("remove", help="remove a team (refused while one of its sessions runs); its members go "
                            "back to the global policy")
@@ -308,6 +320,9 @@ def _add_team_parsers(acts: argparse._SubParsersAction) -> None:  # type: ignore
     asg.add_argument("team")
     una = tacts.add_parser("unassign", help="take a person out of their team (back to the global policy)")
     una.add_argument("user")
-    shr = tacts.add_parser("share", help="whether the team's sessions also train the global policy")
+    shr = tacts.add_parser("share", help="on: the sessions the team asks from then on also train the global policy, "
+                           "and the reflections written from them also guide the research of people outside the team "
+                           "(as strategy text, never their questions); off: at once, none of its sessions does either, "
+                           "earlier ones included")
     shr.add_argument("name")
     shr.add_argument("state", choices=["on", "off"])

@@ -353,9 +353,13 @@ def _offer_resume(record: SessionRecord) -> None:
     st.warning("This session was interrupted: the process running it stopped. It can go on from its last step.")
     if not st.button("Resume it", key=f"resume_{record.session_id}"):
         return
-    run = LiveRun(state.services().research, record.question, None,  # type: ignore[arg-type]
-                  resume=(record.session_id, None), limits=_limits(), admin=state.viewer().admin,
-                  person=state.viewer().user_id)
+    viewer = state.viewer()
+    # The run goes on as the person who resumed it (issue 65), as a question they ask does (`_ask`) and a plan they
+    # answer does (approval.py): the research loop's thread would otherwise run it as `local`, the open UI's admin.
+    with acting_as(viewer.user_id):
+        run = LiveRun(state.services().research, record.question, None,  # type: ignore[arg-type]
+                      resume=(record.session_id, None), limits=_limits(), admin=viewer.admin,
+                      person=viewer.user_id)
     view, box = RunView.from_record(record), st.empty()
     for event in run.events():
         if event is not None:

@@ -1,6 +1,7 @@
 """The Teams page (issue 49), for admins only: which team each person is in decides which policy learns from their
-sessions, so creating and removing teams, moving people and letting a team's sessions train the global policy are
-admin decisions, the same ones `rubricem users team ...` makes from the command line.
+sessions and whose research the reflections written from them guide, so creating and removing teams, moving people
+and letting a team share (its sessions then also train the global policy, and their reflections guide everyone's
+research) are admin decisions, the same ones `rubricem users team ...` makes from the command line.
 
 A non-admin who reaches the page (the navigation lists it only for admins) sees a caption and nothing of the teams:
 who is in which team is other people's business. Every change re-draws the page (`st.rerun`), so the table always
@@ -21,6 +22,15 @@ from store.teams import TeamError, Teams
 from store.users import UserError
 
 _NOTICE = "teams_notice"  # the last change's confirmation, shown after the re-draw that follows it
+
+# What a team's sharing (`teams.share_global`) does, as the store applies it: the global cycle's window and the rubric
+# bank (`store.people.SessionOwners.unshared_with`) both take a team's session only if the team shared when the session
+# was asked and still shares. `rubricem users team share` says the same.
+SHARE_LABEL = "Share: its sessions also train the global policy and their reflections guide everyone's research"
+SHARE_HELP = ("On: the sessions its people ask from then on also train the global policy, and the reflections "
+              "written from them also guide the research of people outside the team (as strategy text, never their "
+              "questions). Sessions asked before it shared stay the team's own. Off, at once: none of its sessions "
+              "trains the global policy, and their reflections guide only the team's own members.")
 
 
 def _done(message: str) -> None:
@@ -48,7 +58,7 @@ def _create(teams: Teams) -> None:
     st.subheader("Create a team")
     name = st.text_input("Team name", key="team_new_name", max_chars=40,
                          help="a-z, 0-9, - and _ (it becomes part of version names, e.g. team:law@1)")
-    share = st.checkbox("Its sessions also train the global policy", key="team_new_share")
+    share = st.checkbox(SHARE_LABEL, key="team_new_share", help=SHARE_HELP)
     if st.button("Create team", key="team_create", disabled=not name):
         try:
             record = teams.add(name.strip(), share_global=share)
@@ -87,13 +97,14 @@ def _manage(teams: Teams, names: list[str]) -> None:
         return
     try:
         record = teams.get(picked)
-        share = st.toggle("Its sessions also train the global policy", value=record.share_global,
-                          key=f"team_share_{record.name}",
-                          help="Off: its sessions train only its own adapter; the global cycle never sees them.")
+        share = st.toggle(SHARE_LABEL, value=record.share_global, key=f"team_share_{record.name}", help=SHARE_HELP)
         if share != record.share_global:
             teams.set_share(record.name, share)
-            _done(f"Team {record.name}: its sessions {'also train' if share else 'no longer train'} the global "
-                  "policy.")
+            _done(f"Team {record.name} shares: from now on its sessions also train the global policy and their "
+                  "reflections also guide the research of people outside the team; earlier sessions stay its own."
+                  if share else
+                  f"Team {record.name} no longer shares: none of its sessions trains the global policy, and their "
+                  "reflections guide only its own members.")
         if st.button("Remove team", key="team_remove",
                      help="Its members go back to the global policy; its versions and past sessions stay."):
             teams.remove(record.name)
@@ -111,9 +122,11 @@ def page() -> None:
     notice = st.session_state.pop(_NOTICE, None)
     if notice:
         st.success(md_literal(str(notice)))
-    st.caption("Each team's policy learns only from its own people's consenting sessions; a team that shares also "
-               "trains the global policy. Promoting or rolling back a team's version is done with `rubricem promote` "
-               "and `rubricem rollback`.")
+    st.caption("Each team's policy learns only from its own people's consenting sessions, and the reflections "
+               "written from them guide only its own people. A team that shares also lets the sessions it asks from "
+               "then on train the global policy and guide everyone's research (as strategy text, never their "
+               "questions). Promoting or rolling back a team's version is done with `rubricem promote` and "
+               "`rubricem rollback`.")
     teams = Teams(state.people_log())
     names = _table(teams)
     _create(teams)

@@ -262,16 +262,27 @@ def version_reason(status: str, version: str, reason: str | None, *, admin: bool
     return reason or ""
 
 
+# A team candidate rejected because the team half of its gate had no question of the team's own left to ask
+# (`learning.pipeline`, issue 65, finding 4): the team gate's own fixed words and the team's name (a-z, 0-9, - and _,
+# `store.teams`), like the gate's numeric sentences; only the team's own people and admins see its versions and cycles.
+_TEAM_GATE_REFUSAL = re.compile(
+    r"team [a-z0-9][a-z0-9_-]{0,39} has no question of its own left in the cycle's window to gate on \(its sessions "
+    r"were deleted or opted out of learning since training\); a team's version is promoted only when it does at least "
+    r"as well on the team's own questions")
+
+
 def rejection_text(reason: str | None, fallback: str, *, admin: bool) -> str:
     """Why a candidate was rejected, for this viewer (issue 65, finding 13).
 
-    The gate's own sentences (numbers only) are shown to everyone. Any other reason (an adapter that cannot be
-    served) names server paths and exception text: admins see it whole; everyone else gets one fixed sentence and
-    its error reference, which the trainer logged with the whole reason. A reason stored without a reference (before
-    issue 65) is referred to by `fallback` (the cycle or version, whose reason `rubricem versions` shows).
+    The gate's own sentences (numbers only, the global gate's and a team's alike) are shown to everyone, and so is the
+    team gate's refusal to gate without team questions (fixed words and the team's name). Any other reason (an
+    adapter that cannot be served) names server paths and exception text: admins see it whole; everyone else gets one
+    fixed sentence and its error reference, which the trainer logged with the whole reason. A reason stored without a
+    reference (before issue 65) is referred to by `fallback` (the cycle or version, whose reason `rubricem versions`
+    shows).
     """
     text = reason or ""
-    if admin or not text or is_gate_reason(text):
+    if admin or not text or is_gate_reason(text) or _TEAM_GATE_REFUSAL.fullmatch(text):
         return text
     ref = rejection_reference(text) or re.sub(r"[^A-Za-z0-9_@: -]", "", fallback)
     return f"The candidate was rejected (error reference: {ref}; the details are in the retraining log)."
@@ -295,15 +306,6 @@ def _note_text(kind: str, data: dict[str, object]) -> str:
             return f"References could not be matched to the answer after writing ({data.get('error')})."
         case _:
             return ""
-
-
-def bank_explanation(view: RunView) -> str:
-    """Why reflections were used, in one sentence."""
-    if not view.bank_items:
-        return "No reflections from the rubric bank were used."
-    if view.bank_mode == "within":
-        return "Used the reflection from an earlier attempt at this same question (within-episode)."
-    return f"Used reflections from {len(view.bank_items)} similar earlier question(s) (cross-episode)."
 
 
 # ---- citations ----------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from store import PromptRecord, SessionLog, StoreConfig
+from store.people import SessionOwners
 from store.records import BankItem
 from store.registry import Registry
 from store.rubric_bank import RubricBank
@@ -164,7 +165,7 @@ def test_teams_add_list_assign_share_promote_and_remove(env: dict[str, str], tmp
     people = rubricem(["users", "list"], env).stdout.splitlines()
     assert people[0].startswith("alice") and people[0].endswith("team: law")
 
-    assert "global policy: on" in rubricem(["users", "team", "share", "law", "on"], env).stdout
+    assert rubricem(["users", "team", "share", "law", "on"], env).stdout.startswith("team law: sharing on: ")
     assert rubricem(["users", "team", "share", "research", "off"], env).returncode == 0
     assert rubricem(["users", "team", "share", "nope", "on"], env).returncode == 2
     with _open(tmp_path) as log:
@@ -199,6 +200,47 @@ def test_teams_add_list_assign_share_promote_and_remove(env: dict[str, str], tmp
         assert Registry(log).get(version.name).team == "law"  # its versions stay in the registry
     again = rubricem(["users", "team", "remove", "law"], env)
     assert again.returncode == 2 and again.stderr.strip() == "error: no team 'law'"
+
+
+def test_team_sharing_says_it_shares_the_reflections_too_as_the_store_does(env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 65: a team's sharing decides whose research the reflections written from its sessions guide, not only
+    what trains the global policy; the help and the command's answer say so, as the store applies it: sessions asked
+    from then on, while the team still shares (`SessionOwners.unshared_with`, the bank's filter)."""
+
+    def said(args: list[str]) -> str:
+        result = rubricem(args, env)
+        assert result.returncode == 0, result.stderr
+        return " ".join(result.stdout.split())  # argparse wraps help to the terminal's width
+
+    assert ("teams: each team's policy learns only from its own people's sessions, and the reflections written from "
+            "them guide only its own people, unless the team shares") in said(["users", "--help"])
+    assert ("share from the start: its sessions also train the global policy, and the reflections written from them "
+            "also guide people outside the team") in said(["users", "team", "add", "--help"])
+    assert ("on: the sessions the team asks from then on also train the global policy, and the reflections written "
+            "from them also guide the research of people outside the team (as strategy text, never their "
+            "questions); off: at once, none of its sessions does either, earlier ones included") in said(
+        ["users", "team", "--help"])
+
+    with _open(tmp_path) as log:
+        Users(log).add("alice", password="alice's long password")
+        Users(log).add("bob", password="bob's long password")  # in no team
+        Teams(log).add("law")
+        Teams(log).assign("alice", "law")
+        before = log.create_session("q?", PROMPT, {}, "base", owner="alice", source="chat")
+        assert SessionOwners(log).unshared_with("bob", [before]) == {before}
+    assert said(["users", "team", "share", "law", "on"]) == (
+        "team law: sharing on: the sessions its people ask from now on also train the global policy, and the "
+        "reflections written from them also guide the research of people outside the team (as strategy text, never "
+        "their questions); sessions asked before stay the team's own")
+    with _open(tmp_path) as log:
+        after = log.create_session("q?", PROMPT, {}, "base", owner="alice", source="chat")
+        assert SessionOwners(log).unshared_with("bob", [before, after]) == {before}
+    assert said(["users", "team", "share", "law", "off"]) == (
+        "team law: sharing off: at once, none of its sessions trains the global policy any more, and the reflections "
+        "written from them guide only the team's own members")
+    with _open(tmp_path) as log:
+        assert SessionOwners(log).unshared_with("bob", [before, after]) == {before, after}
+        assert SessionOwners(log).unshared_with("alice", [before, after]) == set()
 
 
 def test_a_person_moved_between_teams_keeps_their_past_sessions_team(env: dict[str, str], tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.container import Services
 from app.settings import UIConfig
+from app.ui.view import rejection_text
 from learning.config import RetrainConfig
 from learning.evaluate import VersionScore, decide, team_gate
 from learning.judge.offline import OfflineJudge
@@ -128,3 +129,52 @@ def test_the_gates_own_sentences_are_shown_to_everyone_and_nothing_else_passes_a
                   "probe score 0.1 < live 0.2 - tolerance 0.02 at /srv/x", "non-finite adapter weights in 1 tensor(s)",
                   "team questions: /srv/x; general questions: probe score 1 < live 2 - tolerance 0"):
         assert not is_gate_reason(other), other
+
+
+def test_a_team_gates_refusal_is_shown_to_the_teams_people_as_the_global_gates_sentences_are(
+        light: object, tmp_path: Path) -> None:  # noqa: F811
+    """A team candidate whose team has no question of its own left when it is gated (its sessions opted out while it
+    trained) is rejected by the team gate with a sentence of fixed words and the team's name (issue 65, finding 4):
+    no path, no exception text. Like the gate's numeric sentences (`team_gate`'s among them), the team's people see
+    it as it is, not the fixed sentence and a reference meant for reasons that name server paths."""
+    import shutil
+
+    from agent.config import SHIPPED_SFT_ADAPTER
+    from store import PromptRecord
+    from store.teams import Teams
+    from store.users import Users
+
+    svc: Services = light(UIConfig())  # type: ignore[operator]
+    log = svc.log
+    Users(log).add("alice", password="alice's password", consent=True)
+    Users(log).add("bob", password="bob's password", consent=True)
+    Teams(log).add("law")
+    Teams(log).assign("alice", "law")
+    Teams(log).assign("bob", "law")
+    sid = log.create_session("What is tort law?", PromptRecord("p", (1,), "s"), {}, "base", owner="alice")
+    log.finish(sid, "completed", report="r")
+
+    async def train(*_args: object) -> Path:
+        Users(log).set_consent("alice", False)  # meanwhile, in the app: the team's one question leaves its window
+        return Path(shutil.copytree(SHIPPED_SFT_ADAPTER, tmp_path / "trained"))  # a finished, sound adapter
+
+    async def never(*_args: object) -> None:
+        raise AssertionError("a candidate with no team question left is never probed or served")
+
+    judge = OfflineJudge(log)
+    parts = RetrainParts(log=log, registry=Registry(log), judge=judge, gate_judge=OfflineJudge(None), train=train,
+                         probe_for=never, activate=never,  # type: ignore[arg-type]
+                         adapters_dir=svc.settings.store.data_dir / "adapters", probe_questions=["q?"],
+                         seed_questions=["Who was Haymo of Faversham?"])
+    result = asyncio.run(retrain(parts, RetrainConfig(), team="law"))
+    assert result.cycle.status == "rejected" and result.gate is None, result.message
+    stored = result.cycle.numbers["reason"]
+    assert stored.startswith("team law has no question of its own left in the cycle's window to gate on"), stored
+
+    page = AppTest.from_function(_learning_script, default_timeout=TIMEOUT)
+    page.session_state["user_id"], page.session_state["role"] = "bob", "user"  # one of the team's people
+    page.run()
+    assert not page.exception, page.exception
+    assert _reasons(page) == (stored, stored)  # as it is, as a gate's sentence is
+    for other in (f"{stored} ({SECRET_DIR})", stored.replace("team law", "team /srv/x")):  # nothing else passes as it
+        assert rejection_text(other, "cycle c", admin=False).startswith("The candidate was rejected"), other

@@ -16,6 +16,7 @@ from app.settings import Settings, UIConfig
 from app.ui.view import md_literal
 from store import PromptRecord
 from store.config import StoreConfig
+from store.people import SessionOwners
 from store.registry import Registry
 from store.session_log import SessionLog
 from store.teams import Teams
@@ -108,3 +109,48 @@ def test_a_non_admin_sees_no_team_controls(log: SessionLog) -> None:
     assert [c.value for c in at.caption] == ["Teams are managed by admins."]
     assert not (at.dataframe or at.text_input or at.button or at.selectbox or at.toggle or at.checkbox)
     assert "bob" not in str(at) and "law" not in str(at)  # nothing of who is in which team
+
+
+def test_the_page_says_what_sharing_does_to_the_reflections_and_the_store_does_it(log: SessionLog) -> None:
+    """Issue 65: a team's sharing decides whose research the reflections written from its sessions guide, not only
+    what trains the global policy, and the page says so, as the store applies it: sessions asked from then on, while
+    it still shares (`SessionOwners.unshared_with`, the bank's filter for everyone but the team)."""
+    Teams(log).add("law")
+    Teams(log).assign("alice", "law")  # bob is in no team
+    owners = SessionOwners(log)
+
+    def asked() -> str:
+        sid = log.create_session("q?", PromptRecord("p", (1,), "s"), {}, "base", owner="alice", source="chat")
+        log.finish(sid, "completed", report="r")
+        return sid
+
+    at = _page("admin", "local")
+    caption = " ".join(str(c.value) for c in at.caption)
+    assert "the reflections written from them guide only its own people" in caption, caption
+    assert "sessions it asks from then on train the global policy and guide everyone's research" in caption, caption
+    toggle = at.toggle(key="team_share_law")
+    assert "their reflections guide everyone's research" in toggle.label, toggle.label
+    assert "the reflections written from them also guide the research of people outside the team" in toggle.help
+    assert "Sessions asked before it shared stay the team's own" in toggle.help
+    assert "Off, at once: none of its sessions trains the global policy, and their reflections guide only the " \
+           "team's own members" in toggle.help
+    assert at.checkbox(key="team_new_share").help == toggle.help  # the same words when a team is created
+
+    before = asked()
+    assert owners.unshared_with("bob", [before]) == {before} and owners.unshared_with("alice", [before]) == set()
+    at.toggle(key="team_share_law").set_value(True).run()
+    assert not at.exception, at.exception
+    (notice,) = [str(s.value) for s in at.success]
+    assert notice == md_literal("Team law shares: from now on its sessions also train the global policy and their "
+                                "reflections also guide the research of people outside the team; earlier sessions "
+                                "stay its own."), notice
+    after = asked()
+    assert owners.unshared_with("bob", [before, after]) == {before}  # from then on: the earlier one stays law's
+
+    at.toggle(key="team_share_law").set_value(False).run()
+    assert not at.exception, at.exception
+    (notice,) = [str(s.value) for s in at.success]
+    assert notice == md_literal("Team law no longer shares: none of its sessions trains the global policy, and their "
+                                "reflections guide only its own members."), notice
+    assert owners.unshared_with("bob", [before, after]) == {before, after}  # at once, the later one too
+    assert owners.unshared_with("alice", [before, after]) == set()
