@@ -463,33 +463,13 @@ class RubricBank:
         # `count()` first either (another scan): Chroma returns fewer results than asked only when the bank has no
         # more, which ends the deepening.
         depth = k + max(2, HELD_BACK) if exclude_sha or hidden else k
-        def count() -> int:
-            with chroma_errors("count the rubric bank", BankError):
-                return self._collection.count()
-
-        def query() -> Any:
-            with chroma_errors("search the rubric bank", BankError):
-                return self._collection.query(
-                    query_embeddings=[vec],  # type: ignore[arg-type]
-                    n_results=depth,
-                    include=["documents", "metadatas", "distances"],
-                )
-
         while True:
-            # A Chroma server answers a query on vectors not yet on disk with NOT_ON_DISK: an empty bank has no
-            # hits, a writer's first add in flight is waited for (store.chroma.read_unless_empty).
-            res = read_unless_empty(query, count, None)
-            if res is None:
-                return []
-            ids, docs = res["ids"][0], (res["documents"] or [[]])[0]
-            metas, dists = (res["metadatas"] or [[]])[0], (res["distances"] or [[]])[0]
-            hits = [BankHit(_item(i, d, m), 1.0 - float(dist))
-                    for i, d, m, dist in zip(ids, docs, metas, dists, strict=True)]
+            hits = self._nearest(vec, depth, None)
             unseen = set(hidden(hits)) if hidden is not None else set()
             kept = [h for h in hits if h.item.question_sha != exclude_sha and h.item.id not in unseen]
-            whole_bank = len(ids) < depth
+            whole_bank = len(hits) < depth
             if whole_bank and hidden is not None and hold_back:
-                return kept[:max(0, min(k, len(ids) - HELD_BACK))]
+                return kept[:max(0, min(k, len(hits) - HELD_BACK))]
             if len(kept) >= k or whole_bank:
                 return kept[:k]
             depth *= 4
@@ -620,8 +600,10 @@ class RubricBank:
             found += kept[:k]
         return sorted(found, key=lambda h: -h.similarity)[:k]
 
-    def _nearest(self, vec: list[float], n: int, where: dict[str, Any]) -> list[BankHit]:
-        """The `n` items nearest `vec` among those matching `where`, best first (fewer when fewer match)."""
+    def _nearest(self, vec: list[float], n: int, where: dict[str, Any] | None) -> list[BankHit]:
+        """The `n` items nearest `vec` among those matching `where` (None: all), best first (fewer only when fewer
+        match). A Chroma server answers a query on vectors not yet on disk with NOT_ON_DISK: an empty bank has no
+        hits, a writer's first add in flight is waited for (store.chroma.read_unless_empty)."""
         def count() -> int:
             with chroma_errors("count the rubric bank", BankError):
                 return self._collection.count()
