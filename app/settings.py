@@ -173,6 +173,10 @@ class PolicyServerConfig(BaseModel):
                                                             "(spin a while, then sleep). Measured in docs/speed.md.")
     reserved_cpus: int = Field(default=0, ge=0, description="Cores vLLM keeps for its front end "
                                "(VLLM_CPU_NUM_OF_RESERVED_CPU).")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(default="auto", description="The weights' dtype: auto "
+                                                          "serves bfloat16 where the CPU has bf16 instructions "
+                                                          "(AVX-512 BF16 or AMX-BF16) and float32 elsewhere, where "
+                                                          "bf16 is emulated.")
     start_timeout_s: float = Field(default=600.0, gt=0, description="How long `rubricem policy-server` waits for "
                                    "vLLM to serve, seconds.")
 

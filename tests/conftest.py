@@ -47,6 +47,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than a few seconds (still runs in CI)")
     config.addinivalue_line("markers", "may_skip(reason): the test may skip even under RUBRICEM_TEST_STRICT=1 "
                             "(a part CI cannot have, such as a docker daemon); the reason says why")
+    # pytest-xdist registers it too; registered here so a run without xdist still accepts the mark (--strict-markers)
+    config.addinivalue_line("markers", "xdist_group(name): run on the one worker that runs this group")
+    if _is_xdist_controller(config) and os.environ.get("RUBRICEM_TEST_REQUIRE_VLLM") == "1" \
+            and not os.environ.get("RUBRICEM_TEST_VLLM_PORT") and not os.environ.get(SHARED_VLLM_ENV):
+        launch_shared_vllm(config)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -95,8 +100,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not strict() or not _SECONDS:
-        return
+    if not strict() or not _SECONDS or hasattr(terminalreporter.config, "workerinput"):
+        return  # an xdist worker's reports reach the controller, which writes them all
     import tempfile
     import time
 
@@ -107,6 +112,61 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     # The same, by component, where CI's printed log keeps it (issue 61: the next session reads `issues ci`).
     terminalreporter.write_line("test-seconds by component: " + ", ".join(
         f"{c} {s:.0f}" for c, s in component_seconds(_SECONDS)))
+
+
+# `make test` runs two pytest-xdist workers with `--dist loadgroup`. Every test that talks to a real vLLM goes to one
+# group, so one worker runs them all, one after another, against the one shared server (`real_vllm`, started once per
+# process): two workers would start two servers on a 2-core machine and starve each other. A module counts as a vLLM
+# module when its source names the shared server or starts one of its own.
+VLLM_GROUP = "vllm"
+_VLLM_NAMES = ("real_vllm", "start_real_vllm")
+
+
+def needs_real_vllm(item: pytest.Item, sources: dict[str, bool]) -> bool:
+    """True when `item` uses the shared real vLLM or its module starts one (the module read once, via `sources`)."""
+    if "real_vllm" in getattr(item, "fixturenames", ()):
+        return True
+    path = str(item.path)
+    if path not in sources:
+        sources[path] = path.endswith(".py") and any(n in item.path.read_text(encoding="utf-8") for n in _VLLM_NAMES)
+    return sources[path] and Path(path).name != "conftest.py"
+
+
+# Per-test timeouts (issue 61): a hang fails at its own timeout, named, and the run goes on, instead of eating CI's
+# 90 minutes. Each test gets max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR x its measured seconds) from tests/seconds.tsv; a
+# test not listed there took under 30 s, so the floor is its 3x and more. The floor, not 3x, bounds most tests
+# because the seconds were measured in one process on an idle Intel: two workers share the cores, and an AVX2-only
+# machine ran some parts 2-3x slower. A smaller timeout a test sets for itself stays.
+SECONDS_FILE = Path(__file__).with_name("seconds.tsv")
+TIMEOUT_FACTOR = 3.0
+TIMEOUT_FLOOR_S = 240.0
+
+
+def measured_seconds(path: Path = SECONDS_FILE) -> dict[str, float]:
+    """node id -> seconds, from `path` ("seconds<TAB>node id" rows; # comments)."""
+    out: dict[str, float] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            seconds, nodeid = line.split("\t", 1)
+            out[nodeid.strip()] = float(seconds)
+    return out
+
+
+def timeout_for(measured: float | None, own: float | None) -> float:
+    """The timeout of a test measured at `measured` seconds (None: not listed) that asks for `own` (None: nothing)."""
+    rule = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * (measured or 0.0))
+    return rule if own is None else min(own, rule)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    sources: dict[str, bool] = {}
+    seconds = measured_seconds()
+    for item in items:
+        if needs_real_vllm(item, sources):
+            item.add_marker(pytest.mark.xdist_group(VLLM_GROUP))
+        mark = item.get_closest_marker("timeout")
+        own = float(mark.args[0]) if mark is not None and mark.args else None
+        item.add_marker(pytest.mark.timeout(timeout_for(seconds.get(item.nodeid), own)), append=False)
 
 
 def component_seconds(seconds: dict[str, float]) -> list[tuple[str, float]]:
@@ -156,6 +216,10 @@ def llamacpp_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
     """A real llama-cpp-python OpenAI-compatible server on 127.0.0.1 serving SmolLM2 as `smollm2`.
 
     Yields the server root URL (no /v1). The server is stopped by its pid at the end of the run.
+
+    llama.cpp's libraries are checked against their recorded digests first, as every load path of the product does
+    (`learning.engines.llamacpp_build.verify_installed`, issue 65): the server process loads the same folder (it
+    inherits this environment), and a library that fails is never loaded.
     """
     import importlib.util
 
@@ -165,6 +229,15 @@ def llamacpp_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
             "(it installs llama-cpp-python[server] and builds llama.cpp with CPU variants, about 3.5 minutes)",
             pytrace=False,
         )
+    from learning.engines.llamacpp_build import LibraryRefused, verify_installed
+
+    try:
+        verify_installed()
+        refused = None
+    except LibraryRefused as exc:  # names the file, why, and the command that installs the libraries again
+        refused = str(exc)
+    if refused is not None:
+        pytest.fail(f"the llama.cpp server is not started: {refused}", pytrace=False)
     port = free_port()
     log_path = tmp_path_factory.mktemp("llamacpp") / "server.log"
     cmd = [
@@ -280,13 +353,83 @@ def start_real_vllm(model_dir: Path, log_dir: Path, **spec: object) -> object:
         pytest.fail(str(exc), pytrace=False)
 
 
+# The shared server's flags: two adapters in one batch (teams' sessions at once, issue 49; production's compose file
+# runs at least two), and each generation request logged with the adapter that served it (its parameters only, never
+# the prompt).
+SHARED_VLLM_SPEC: dict[str, object] = {"max_loras": 2, "extra_args": ("--enable-log-requests",)}
+# Under pytest-xdist the controller launches the shared server before the workers start, and names it to them here
+# (JSON: its folder, port and model): the workers run other tests while it loads, and the one that runs the vLLM group
+# waits for the controller's "ready" (or the start error) in that folder (issue 61).
+SHARED_VLLM_ENV = "RUBRICEM_TEST_SHARED_VLLM"
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def launch_shared_vllm(config: pytest.Config) -> None:
+    """In the xdist controller of a run that requires vLLM, launch the shared server in the background (a thread waits
+    for it and writes `status`); without vLLM or the model nothing starts, and the fixture says why as before."""
+    import json
+    import tempfile
+    import threading
+
+    from app.policy_server import LocalVLLMServer, VLLMServerSpec, check_installed
+    from learning.engines.weights import bundled_gguf_path, ensure_converted
+
+    try:
+        model_dir = ensure_converted(MODEL_CACHE, bundled_gguf_path())
+        spec = VLLMServerSpec(model_dir=model_dir, port=free_port(), **SHARED_VLLM_SPEC)  # type: ignore[arg-type]
+        check_installed(spec.python)
+    except Exception:  # noqa: BLE001 - the worker's fixture reports it with the install advice
+        return
+    folder = Path(tempfile.mkdtemp(prefix="rubricem-test-vllm-"))
+    server = LocalVLLMServer(spec, log_path=folder / "vllm.log").launch()
+    config.add_cleanup(server.stop)
+
+    def wait() -> None:
+        try:
+            server.wait_ready(VLLM_START_TIMEOUT_S)
+            status = "ready"
+        except Exception as exc:  # noqa: BLE001 - handed to the worker that needs the server
+            status = f"failed: {exc}"
+        (folder / "status.tmp").write_text(status, encoding="utf-8")
+        (folder / "status.tmp").replace(folder / "status")
+
+    threading.Thread(target=wait, name="shared-vllm-start", daemon=True).start()
+    os.environ[SHARED_VLLM_ENV] = json.dumps({"dir": str(folder), "port": spec.port, "model_dir": str(model_dir)})
+
+
+def shared_vllm_from_controller(info: str) -> object:
+    """The controller's server (`SHARED_VLLM_ENV`), once its status says ready; fail the test with its start error."""
+    import json
+    import time
+
+    from app.policy_server import LocalVLLMServer, VLLMServerSpec
+
+    named = json.loads(info)
+    folder = Path(named["dir"])
+    deadline = time.monotonic() + VLLM_START_TIMEOUT_S + 60
+    while not (folder / "status").exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the shared vLLM launched by the test controller gave no status in {folder}", pytrace=False)
+        time.sleep(0.5)
+    status = (folder / "status").read_text(encoding="utf-8")
+    if status != "ready":
+        pytest.fail(f"the shared vLLM did not start: {status}", pytrace=False)
+    spec = VLLMServerSpec(model_dir=Path(named["model_dir"]), port=int(named["port"]),
+                          **SHARED_VLLM_SPEC)  # type: ignore[arg-type]
+    return LocalVLLMServer(spec, log_path=folder / "vllm.log")  # the controller stops it
+
+
 @pytest.fixture(scope="session")
 def real_vllm(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One real vLLM server for the whole run, serving the converted SmolLM2 as `policy` with runtime LoRA loading.
 
-    Tests that load an adapter unload it again (the server is shared); `.url` is its root, `.spec` its flags.
-    While developing, RUBRICEM_TEST_VLLM_PORT=P reuses a server already running on 127.0.0.1:P with the default
-    spec (`rubricem policy-server --port P`), instead of starting one per run.
+    Tests that load an adapter unload it again (the server is shared); `.url` is its root, `.spec` its flags,
+    `.log_path` its log. Under xdist it is the one the controller launched (`launch_shared_vllm`). While developing,
+    RUBRICEM_TEST_VLLM_PORT=P reuses a server already running on 127.0.0.1:P with the default spec
+    (`rubricem policy-server --port P`), instead of starting one per run.
     """
     port = os.environ.get("RUBRICEM_TEST_VLLM_PORT")
     if port:
@@ -294,10 +437,11 @@ def real_vllm(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
         yield LocalVLLMServer(VLLMServerSpec(model_dir=smollm2_dir, port=int(port)))  # not ours to stop
         return
-    # Two adapters in one batch (teams' sessions at once, issue 49; production's compose file runs at least two), and
-    # each generation request logged with the adapter that served it (its parameters only, never the prompt).
-    server = start_real_vllm(smollm2_dir, tmp_path_factory.mktemp("vllm"), max_loras=2,
-                             extra_args=("--enable-log-requests",))
+    shared = os.environ.get(SHARED_VLLM_ENV)
+    if shared:
+        yield shared_vllm_from_controller(shared)
+        return
+    server = start_real_vllm(smollm2_dir, tmp_path_factory.mktemp("vllm"), **SHARED_VLLM_SPEC)
     yield server
     server.stop()  # type: ignore[attr-defined]
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import random
 import socket
 import subprocess
 import time
@@ -13,11 +16,34 @@ import httpx
 import pytest
 
 
+# Ports for the servers tests start come from a block of their own per pytest-xdist worker, below the kernel's
+# ephemeral range (32768-60999 on Linux). A port asked of the kernel (bind to 0) and released again could be handed to
+# the other worker before our server binds it; a port outside the ephemeral range is never handed out by the kernel,
+# and the other worker draws from another block, so the check-then-bind gap has no one to race with (issue 61).
+PORT_BLOCK_START = 20000
+PORT_BLOCK_SIZE = 1000
+_PORT_BLOCKS = 12  # 20000-31999: below the ephemeral range
+_next_port = itertools.count(random.randrange(PORT_BLOCK_SIZE))  # a nested pytest run on one worker starts elsewhere
+
+
+def worker_index(name: str | None = None) -> int:
+    """0 for the controller or a plain run, K + 1 for xdist's worker gwK (PYTEST_XDIST_WORKER, set by xdist)."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "") if name is None else name
+    return int(name[2:]) + 1 if name.startswith("gw") and name[2:].isdigit() else 0
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free right now, from this worker's own block."""
+    block = PORT_BLOCK_START + (worker_index() % _PORT_BLOCKS) * PORT_BLOCK_SIZE
+    for _ in range(PORT_BLOCK_SIZE):
+        port = block + next(_next_port) % PORT_BLOCK_SIZE
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken (a server of this worker, or another program): try the next one
+            return port
+    raise RuntimeError(f"no free port in {block}-{block + PORT_BLOCK_SIZE - 1} for this test worker")
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from app.policy_server import (
     check_installed,
     omp_bind,
     server_command,
+    serving_dtype,
     server_env,
     spec_from_settings,
 )
@@ -41,6 +42,23 @@ def _flags(cmd: list[str]) -> dict[str, str | None]:
             nxt = cmd[i + 1] if i + 1 < len(cmd) else None
             out[arg] = None if nxt is None or nxt.startswith("--") else nxt
     return out
+
+
+def test_the_dtype_follows_the_cpus_bf16_instructions_unless_set(tmp_path: Path) -> None:
+    """bf16 only where the CPU computes it natively: an AVX2-only AMD EPYC emulates it, about 3x slower (issue 61)."""
+    intel = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    epyc = frozenset({"avx2", "fma", "f16c"})  # no AVX-512 at all
+    avx512_only = frozenset({"avx2", "avx512f", "avx512bw"})  # AVX-512 without its BF16 extension
+    assert serving_dtype("auto", intel) == "bfloat16"
+    assert serving_dtype("auto", epyc) == serving_dtype("auto", avx512_only) == "float32"
+    assert serving_dtype("auto", frozenset({"asimd", "bf16"})) == "bfloat16"  # Arm with BF16
+    assert serving_dtype("auto", None) == "bfloat16"  # no /proc/cpuinfo: vLLM's CPU default
+    assert serving_dtype("bfloat16", epyc) == "bfloat16" and serving_dtype("float32", intel) == "float32"
+    spec = spec_from_settings(Settings(policy_server=PolicyServerConfig(dtype="float32")), model_dir=tmp_path)
+    assert _flags(server_command(spec, intel))["--dtype"] == "float32"
+    auto = VLLMServerSpec(model_dir=tmp_path)
+    assert _flags(server_command(auto, epyc))["--dtype"] == "float32"
+    assert _flags(server_command(auto, intel))["--dtype"] == "bfloat16"
 
 
 def test_the_spec_follows_the_app_settings_and_the_command_carries_the_flags_the_app_needs(tmp_path: Path) -> None:

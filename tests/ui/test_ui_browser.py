@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from agent.config import SHIPPED_SFT_ADAPTER
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # Debian's chromium (make install installs it as root); RUBRICEM_TEST_CHROMIUM names another build.
@@ -46,12 +46,6 @@ pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (make install installs it "
                        "when run as root)"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -81,7 +75,7 @@ def ui_server(tmp_path: Path, smollm2_dir: Path) -> Iterator[tuple[str, Path]]:
 def running_ui(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
     """`rubricem ui` with `env` on a free loopback port, once it answers its health check (its output goes to
     tmp_path/ui.log); yields its URL and stops it after."""
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "ui.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--port", str(port)], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
