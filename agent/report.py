@@ -1,10 +1,12 @@
 """The final report: the answer as Markdown with numbered references, every citation checked against the snippets
-actually retrieved in this session (unknown ids are removed and counted), then against what the passage says
-(`verify_report`, agent/support.py: re-attributed, or uncited and marked). No <think> text or raw tags leak."""
+actually retrieved in this session (an invented id is removed and counted, and a claim it leaves without a source is
+marked unsupported), then against what the passage says (`verify_report`, agent/support.py: re-attributed, or uncited
+and marked). A report with no evidence behind it says so in one sentence. No <think> text or raw tags leak."""
 
 from __future__ import annotations
 
 import html
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -14,7 +16,7 @@ import numpy as np
 
 from agent import parse
 from agent.followup import typed_question
-from agent.support import Embed, SupportCheck, check_support, support_sentence  # Embed: re-exported
+from agent.support import UNSUPPORTED_MARK, Embed, SupportCheck, check_support, support_sentence  # Embed: re-exported
 from store.records import SessionRecord, Snippet, Trajectory
 
 
@@ -34,7 +36,7 @@ class Report:
     markdown: str
     body: str  # the answer alone, with [n] markers
     references: tuple[Snippet, ...]  # in reference-number order
-    unknown_citations: int  # cited ids that no tool returned in this session (removed)
+    unknown_citations: int  # cited ids no tool returned in this session (invented): removed, counted in the report
     answer_found: bool
     attributed: bool = False  # the [n] markers were matched after writing (the model cited nothing)
     support: SupportCheck | None = None  # the support check (None: not run, as for sessions before it existed)
@@ -56,15 +58,31 @@ def build_report(traj: Trajectory) -> Report:
         for cid in cite.ids:
             if cid in known and cid not in order:
                 order.append(cid)
-    numbers = {cid: i + 1 for i, cid in enumerate(order)}
-    body, unknown, _ = parse.replace_citations(raw, numbers)
+    body, unknown = _markers(raw, known, order)
     body = _tidy(html.unescape(parse.strip_tags(body)))  # tool output was HTML-escaped for the model
     body = _bare_ids_cited(body, known, order)
     refs = tuple(known[cid] for cid in order)
     found = bool(body)
     if not found:
         body = "_The model produced no answer text._"
-    return Report(_markdown(traj, body, refs, attributed=False), body, refs, unknown, found)
+    return Report(_markdown(traj, body, refs, attributed=False, invented=unknown), body, refs, unknown, found)
+
+
+def _markers(raw: str, known: Mapping[str, Snippet], order: list[str]) -> tuple[str, int]:
+    """The answer with its `<cite>` tags as [n] markers (numbered by `order`), and how many cited ids no tool
+    returned in this session (invented). An invented id is removed; a claim it leaves with no retrieved id gets the
+    unsupported mark before its closing stop, where no sentence splitter can part them: left bare, it would read as
+    a statement that never claimed a source (issue 64)."""
+    invented = [cid for cite in parse.find_citations(raw) for cid in cite.ids if cid not in known]
+    numbers = {cid: i + 1 for i, cid in enumerate(order)}
+    if not invented:
+        return parse.replace_citations(raw, numbers)[0], 0
+    # A number no reference has and the answer never wrote stands for every invented id, then is rewritten away.
+    flag = next(k for k in itertools.chain((0,), itertools.count(len(order) + 1)) if f"[{k}]" not in raw)
+    body = parse.replace_citations(raw, numbers | dict.fromkeys(invented, flag))[0]
+    body = re.sub(rf"((?:\[\d+\])+)\[{flag}\]|\[{flag}\]((?:\[\d+\])+)", lambda m: m.group(1) or m.group(2), body)
+    body = re.sub(rf"([.!?]*) \[{flag}\]", lambda m: f" {UNSUPPORTED_MARK}{m.group(1)}", body)
+    return body, len(invented)
 
 
 def verify_report(report: Report, traj: Trajectory, embed: Embed) -> Report:
@@ -80,25 +98,56 @@ def verify_report(report: Report, traj: Trajectory, embed: Embed) -> Report:
     refs = tuple(traj.snippets[i] for i in fixed.order)
     changed = fixed.body != report.body or fixed.order != tuple(s.id for s in report.references)
     raw = report.body if changed else ""  # its [n] numbered the old references: each claim's `cited` names them
-    return replace(report, markdown=_markdown(traj, fixed.body, refs, report.attributed, fixed.check),
-                   body=fixed.body, references=refs, support=fixed.check, raw_body=raw)
+    markdown = _markdown(traj, fixed.body, refs, report.attributed, fixed.check, report.unknown_citations)
+    return replace(report, markdown=markdown, body=fixed.body, references=refs, support=fixed.check, raw_body=raw)
 
 
 def unverified_report(report: Report, traj: Trajectory, reason: str) -> Report:
     """The report as written, saying its citations could not be checked (the scorer was unavailable) and why."""
     check = SupportCheck((), verified=False, note=reason)
-    return replace(report, markdown=_markdown(traj, report.body, report.references, report.attributed, check),
-                   support=check)
+    markdown = _markdown(traj, report.body, report.references, report.attributed, check, report.unknown_citations)
+    return replace(report, markdown=markdown, support=check)
 
 
-def _support_line(check: SupportCheck | None) -> list[str]:
-    sentence = support_sentence(check) if check is not None else None
-    return [f"_{sentence}_", ""] if sentence else []
+NO_PASSAGES = ("No evidence was found: no search in this session returned a passage, so nothing in this answer "
+               "rests on a source.")
+NOTHING_SUPPORTED = ("No evidence was found for this answer: no passage this session retrieved supports any of its "
+                     f"cited sentences, and each is marked {UNSUPPORTED_MARK}.")
+
+
+def evidence_sentence(retrieved: bool, refs: tuple[Snippet, ...], support: SupportCheck | None,
+                      invented: int) -> str | None:
+    """One plain sentence when no evidence stands behind the answer (issue 64), else None: nothing was retrieved, or
+    the answer cited and not one of its citations is left (each was invented or failed the check). An answer that
+    cites nothing is not judged here: its sources are listed as consulted."""
+    if not retrieved:
+        return NO_PASSAGES
+    checked = support is not None and support.verified and bool(support.claims)
+    return NOTHING_SUPPORTED if not refs and (invented or checked) else None
+
+
+def invented_sentence(invented: int) -> str | None:
+    """The count of invented citation ids for the report, or None when there were none."""
+    if not invented:
+        return None
+    return (f"Invented citation ids: {invented} (no search in this session returned them); they were removed, and a "
+            f"sentence left with no other citation is marked {UNSUPPORTED_MARK}.")
+
+
+def _notes(traj: Trajectory, refs: tuple[Snippet, ...], support: SupportCheck | None, invented: int) -> list[str]:
+    """The lines under the answer: the missing evidence (bold: it changes how the whole answer reads), then the
+    citation check and the invented ids."""
+    lines: list[str] = []
+    if missing := evidence_sentence(bool(traj.snippets), refs, support, invented):
+        lines += [f"**{missing}**", ""]
+    for sentence in (support_sentence(support) if support is not None else None, invented_sentence(invented)):
+        lines += [f"_{sentence}_", ""] if sentence else []
+    return lines
 
 
 def _markdown(traj: Trajectory, body: str, refs: tuple[Snippet, ...], attributed: bool,
-              support: SupportCheck | None = None) -> str:
-    lines = [f"# {_one_line(typed_question(traj.question))}", "", body, "", *_support_line(support)]
+              support: SupportCheck | None = None, invented: int = 0) -> str:
+    lines = [f"# {_one_line(typed_question(traj.question))}", "", body, "", *_notes(traj, refs, support, invented)]
     known = traj.snippets
     if refs:
         lines += ["## References", ""]
@@ -129,7 +178,8 @@ def attribute_report(report: Report, traj: Trajectory, embed: Embed,
     paragraphs = report.body.split("\n\n")
     pieces = [_SENTENCES.split(p) for p in paragraphs]  # sentences at even positions, whitespace at odd ones
     slots = [(pi, si) for pi, parts in enumerate(pieces) for si in range(0, len(parts), 2)
-             if len(_LETTERS.sub("", _MARKUP.sub(" ", parts[si]))) >= _MIN_SENTENCE_CHARS]  # not markup debris
+             if len(_LETTERS.sub("", _MARKUP.sub(" ", parts[si]))) >= _MIN_SENTENCE_CHARS  # not markup debris
+             and UNSUPPORTED_MARK not in parts[si]]  # it cited an invented id: a match would hide that
     if not slots:
         return report
     vectors = np.asarray(embed([_MARKUP.sub(" ", pieces[pi][si]) for pi, si in slots]
@@ -148,8 +198,8 @@ def attribute_report(report: Report, traj: Trajectory, embed: Embed,
         return report
     body = "\n\n".join("".join(parts) for parts in pieces)
     refs = tuple(traj.snippets[pid] for pid in order)
-    return replace(report, markdown=_markdown(traj, body, refs, attributed=True), body=body, references=refs,
-                   attributed=True)
+    return replace(report, markdown=_markdown(traj, body, refs, True, invented=report.unknown_citations), body=body,
+                   references=refs, attributed=True)
 
 
 def report_fields(report: Report) -> dict[str, Any]:

@@ -315,6 +315,7 @@ def _pieces(body: str) -> list[_Piece]:
 def claim_text(unit: str) -> str:
     """A unit without its markers, list bullet, table bars and emphasis: the words that are claimed."""
     text = _MARKS.sub("", unit).replace("[\u2026]", " ")  # "[…]": where a snippet was cut, not a word
+    text = text.replace(UNSUPPORTED_MARK, " ")  # an invented id's mark (agent/report.py), not a word of the claim
     text = re.sub(r"\\boxed\{[^{}]*\}", " ", text)  # the exact-answer box is the answer, not this sentence's claim
     text = re.sub(r"^\s*(?:[-*\u2022]|\d+[.)])\s+", "", text)
     return " ".join(text.replace("|", " ").replace("**", "").split())

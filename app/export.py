@@ -20,7 +20,7 @@ from markdown_it.rules_core import StateCore
 from markdown_it.token import Token
 
 from agent.followup import typed_question
-from agent.report import MAX_UNCITED_SOURCES, stored_report
+from agent.report import MAX_UNCITED_SOURCES, evidence_sentence, invented_sentence, stored_report
 from agent.support import STATUS_WORDS, SupportCheck
 from store.records import SessionRecord, Snippet
 
@@ -65,6 +65,7 @@ class ExportDoc:
             (`agent.report.attribute_report`); the references heading says so.
         support: Each cited sentence checked against its passage (`agent.support`), listed after the references;
             None for a session that was not checked.
+        invented_citations: Cited ids no search of the session returned (removed; their claims are marked).
     """
 
     title: str
@@ -76,6 +77,7 @@ class ExportDoc:
     consulted: tuple[Snippet, ...] = ()
     attributed: bool = False
     support: SupportCheck | None = None
+    invented_citations: int = 0
 
 
 def doc_from_session(record: SessionRecord) -> ExportDoc:
@@ -111,6 +113,7 @@ def doc_from_session(record: SessionRecord) -> ExportDoc:
         consulted=consulted,
         attributed=report.attributed,
         support=report.support,
+        invented_citations=report.unknown_citations,
     )
 
 
@@ -159,13 +162,17 @@ def support_lines(doc: ExportDoc, escape: Callable[[str], str] = lambda t: t) ->
     """One plain line per checked claim ("supported (0.82): the sentence", and for a vetoed citation why: "unsupported
     (0.84): the sentence (number: 2: not a number the passage states)"), or the reason it was not verified; empty
     when there is nothing to show. The sentences are the model's text: each renderer escapes them (`escape` for
-    the ones that are not HTML-escaped afterwards)."""
+    the ones that are not HTML-escaped afterwards). Missing evidence and invented ids come first, as in the report
+    (agent.report)."""
     c = doc.support
+    retrieved = bool(doc.references or doc.consulted)
+    notes = [n for n in (evidence_sentence(retrieved, doc.references, c, doc.invented_citations),
+                         invented_sentence(doc.invented_citations)) if n]
     if c is None or not c.shown:
-        return []
+        return notes
     if not c.verified:
-        return [f"Not verified: {escape(_one_line(c.note))}."]
-    out = []
+        return [*notes, f"Not verified: {escape(_one_line(c.note))}."]
+    out = notes
     for x in c.claims:
         why = f" ({escape(_one_line(x.veto))})" if x.veto else ""
         out.append(f"{STATUS_WORDS[x.status]} ({x.score:.2f}): {escape(_one_line(_clip(x.text)))}{why}")

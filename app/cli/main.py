@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import ValidationError
 
@@ -33,11 +33,14 @@ from store.records import SessionSource
 from store.registry import RegistryError
 from store.rubric_bank import BankItemNotFound
 
+if TYPE_CHECKING:
+    from app.service import ResearchOutcome  # imported when a command runs: `rubricem --help` stays quick
+
 
 def cmd_ask(args: argparse.Namespace) -> int:
     from agent.run import validate_question
     from app.container import build
-    from app.service import RunFailedError, stage_summary
+    from app.service import RunFailedError
 
     settings = with_adapter(Settings(), args.adapter)
     progress = Progress(args.quiet)
@@ -71,7 +74,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     report = outcome.report
     progress.say(
         f"done: {len(outcome.trajectory.tool_calls)} tool calls, {len(report.references)} references"
-        + (f", {report.unknown_citations} unknown citation ids removed" if report.unknown_citations else "")
+        + (f", {report.unknown_citations} invented citation ids (marked unsupported)" if report.unknown_citations
+           else "")
         + (f"; citations: {support_summary(report.support)}" if report.support else "")
         + (" (malformed trajectory: a stage was missing)" if outcome.trajectory.malformed else "")
     )
@@ -80,17 +84,26 @@ def cmd_ask(args: argparse.Namespace) -> int:
         Path(args.out).write_text(report.markdown, encoding="utf-8")
         progress.say(f"report written to {args.out}")
     if args.json:
-        payload = {
-            "session_id": outcome.session_id,
-            "report": report.markdown,
-            "citations": [{"id": s.id, "title": s.title, "text": s.text} for s in report.references],
-            "support": report.support.as_dict() if report.support else None,  # each cited claim, checked
-            "stages": stage_summary(outcome.trajectory),
-            "policy_version": outcome.policy_version,
-        }
-        Path(args.json).write_text(json.dumps(payload, indent=2, ensure_ascii=False), encoding="utf-8")
+        Path(args.json).write_text(json.dumps(ask_payload(outcome), indent=2, ensure_ascii=False), encoding="utf-8")
         progress.say(f"JSON written to {args.json}")
     return 0
+
+
+def ask_payload(outcome: ResearchOutcome) -> dict[str, Any]:
+    """What `ask --json` writes for a finished session."""
+    from app.service import stage_summary
+
+    report = outcome.report
+    return {
+        "session_id": outcome.session_id,
+        "report": report.markdown,
+        "citations": [{"id": s.id, "title": s.title, "text": s.text} for s in report.references],
+        "support": report.support.as_dict() if report.support else None,  # each cited claim, checked
+        # cited ids no search of this session returned: removed, their sentences marked unsupported (issue 64)
+        "invented_citations": report.unknown_citations,
+        "stages": stage_summary(outcome.trajectory),
+        "policy_version": outcome.policy_version,
+    }
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ Decisions (the papers are silent):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from agent.parse import strip_tags
 from agent.report import Report
+from agent.support import UNSUPPORTED_MARK
 from learning.errors import LearningError
 from learning.eval.datasets import EvalItem, bench_spec
 from learning.eval.scoring import (
@@ -115,7 +117,9 @@ def session_figures(item: HeldoutItem, trajectory: Trajectory, report: Report) -
     citation_precision / citation_recall / cited: see the module docstring.
     cover_em, boxed: the answer against the gold answers; whether it wrote a `\\boxed{}`.
     """
-    body = report.body if report.answer_found else ""
+    # The report's mark on a sentence whose cited id was invented is the report's own note, not the model's words: the
+    # figures read the answer as the model wrote it (before issue 64 the invented id was removed and nothing added).
+    body = re.sub(rf" ?{re.escape(UNSUPPORTED_MARK)}", "", report.body) if report.answer_found else ""
     short = short_answer(body)
     yes_no = any(normalize_answer(a) in YES_NO for a in item.answers)
     scored = (short or "") if yes_no else extract_prediction(body)  # a yes/no gold: the short answer only

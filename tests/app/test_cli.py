@@ -45,7 +45,9 @@ def test_ask_with_the_embedded_default_writes_report_json_and_session(env: dict[
         assert f"] {stage}" in p.stderr  # stage-by-stage progress
     assert "Indexing the bundled Wikipedia demo corpus" in p.stderr
     payload = json.loads(out_json.read_text())
-    assert set(payload) == {"session_id", "report", "citations", "support", "stages", "policy_version"}
+    assert set(payload) == {"session_id", "report", "citations", "support", "invented_citations", "stages",
+                            "policy_version"}
+    assert payload["invented_citations"] == 0 or "Invented citation ids" in payload["report"]
     support = payload["support"]  # each cited sentence checked against its passage (issue 48)
     assert support["verified"] and all(c["status"] in ("supported", "reattributed", "unsupported") and
                                        set(c["kept"]) <= {s["id"] for s in payload["citations"]}

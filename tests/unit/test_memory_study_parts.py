@@ -29,6 +29,16 @@ def _figures(answers: tuple[str, ...], body: str) -> dict[str, float | None]:
                                            answer_found=True))
 
 
+def test_the_reports_unsupported_mark_is_not_part_of_the_answers_figures() -> None:
+    """An invented citation id leaves the report's mark in the body (issue 64); the figures read the model's words,
+    as they did before the mark existed."""
+    from agent.support import UNSUPPORTED_MARK
+
+    marked = _figures(("Paris",), f"It is \\boxed{{Paris {UNSUPPORTED_MARK}}}.")
+    plain = _figures(("Paris",), "It is \\boxed{Paris}.")
+    assert marked == plain and marked["answer_f1"] == 1.0 and marked["answer_words"] == 3.0
+
+
 def test_a_yes_no_gold_is_scored_on_the_short_answer_only() -> None:
     assert _figures(("no",), "No item was found in the passages.")["cover_em"] == 0.0  # was 1.0 before issue 62
     assert _figures(("no",), "The passages disagree. \\boxed{No}")["cover_em"] == 1.0
