@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning_check import DEFAULT_MODEL, offline_settings  # noqa: E402
 from learning_curve import (  # noqa: E402
     ARMS,
+    COMMIT,
     PROTOCOL_V2,
     SFT_ADAPTER,
     HeldoutEvaluator,
@@ -82,6 +83,13 @@ SAMPLES = 3
 # decided on those alone (never pooled with samples 0..2, so the first look costs it nothing).
 CONFIRM_SAMPLES = tuple(range(3, 9))
 CONFIRM_CONDITIONS = ("off", "b")
+# Every unit of the follow-up runs with the product code its first units ran with (confirm/PREREGISTRATION.md,
+# amendment 1): later commits changed how a report marks invented citation ids and which sentences attribution may
+# match, which moves citation precision. Its units run from a worktree of this commit (CONFIRM_RUN below).
+CONFIRM_CODE = "9ccac4f"
+CONFIRM_RUN = ("git worktree add --detach /tmp/confirm-code 9ccac4f && cd /tmp/confirm-code && for k in 0 1; do "
+               "/work/main/.venv/bin/python tests/benchmarks/memory_study.py --confirm --out "
+               "<this repository>/docs/learning/memory --workers 2 --worker $k --threads 1 --commit & done; wait")
 TRAIN_QUESTIONS = 40  # 20 HotpotQA + 20 MuSiQue of the training split, drawn with TRAIN_SEED
 TRAIN_SEED = 62
 # Amendment 2 (PREREGISTRATION.md): cross-question retrieval at cosine >= 0.2, not the product's 0.4, at which at most
@@ -475,6 +483,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown unit(s) {', '.join(unknown)}; this study's units are {', '.join(units())}")
     if not 0 <= a.worker < a.workers:
         p.error(f"--worker must be in 0..{a.workers - 1}")
+    if a.confirm and not a.report_only and not a.items and COMMIT != CONFIRM_CODE:
+        p.error(f"the follow-up's units run with the product code of commit {CONFIRM_CODE}, not {COMMIT} "
+                f"(confirm/PREREGISTRATION.md, amendment 1): {CONFIRM_RUN}")
     OUT.mkdir(parents=True, exist_ok=True)
     return asyncio.run(main_async(a))
 
