@@ -1,5 +1,11 @@
 """Composition of the retraining cycle: which judge trains, which judges the gate, how a version is probed, trained,
-and activated on the configured backend (embedded in-process, or vLLM with runtime LoRA loading)."""
+and activated on the configured backend (embedded in-process, or vLLM with runtime LoRA loading).
+
+Every swap to a new version is verified before anything is answered by it (issue 63, `learning.swap_verify`): the
+candidate before the gate's probe sessions, and the version a promotion or rollback makes live before the alias
+moves, on the in-process engine or on every vLLM replica. A swap that fails the probe raises `SwapNotVerified`
+(naming the engine, the replica and both distances); on vLLM the version is then taken off the replicas again unless
+something still serves it, so it stays out of service."""
 
 from __future__ import annotations
 
@@ -7,12 +13,13 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from agent.config import RunOptions, StageTokenCaps
 from agent.policy import ReplicaSet
+from agent.protocols import Served
 from agent.sequence import MIN_NEW_TOKENS
 from app.container import (
     ConfigurationError,
@@ -28,6 +35,8 @@ from app.service import ResearchService, adapter_version
 from app.settings import Settings
 from learning.evaluate import Probe
 from learning.pipeline import RetrainParts
+from learning.swap_probe import ProbeDistances, SwapNotVerified
+from learning.swap_verify import ProbeVersion, TrainerReference, probe_targets, verify_swap
 from learning.train_config import load_config
 from store.records import Trajectory
 from store.registry import Cycle, PolicyVersion, Registry, team_version_prefix
@@ -154,6 +163,87 @@ async def _listed(policy: Any) -> list[str]:
         return []
 
 
+async def serve_version(policy: Any, settings: Settings, version: PolicyVersion) -> None:
+    """Make `policy` answer with `version` (load the adapter in-process, or on every vLLM replica)."""
+    if settings.agent.policy_backend == "vllm":
+        if version.adapter_path is None:
+            policy.set_model(settings.agent.policy_model)
+            return
+        await policy.ensure_adapter(version.name, version.adapter_path)  # a ReplicaSet: on every replica or none
+        policy.set_model(version.name)
+        return
+    start = base_adapter(settings)
+    if version.adapter_path is None and start is not None:  # `base` is the deployment's starting adapter
+        await policy.aload_adapter(start, adapter_version(start))
+    elif version.adapter_path is None:
+        await policy.aunload_adapter()
+    else:
+        await policy.aload_adapter(version.adapter_path, version.name)
+
+
+def probe_version(settings: Settings, version: PolicyVersion) -> ProbeVersion:
+    """How the swap probe addresses `version`: the `Served` pin a session of it would carry (as
+    `ResearchService._served` makes it, so that an in-process engine finds the version `serve_version` loaded under
+    its own name), and the adapter folder the trainer loads for it."""
+    if settings.agent.policy_backend == "vllm":
+        model = version.name if version.adapter_path else settings.agent.policy_model
+        folder = version.adapter_path
+        return ProbeVersion(version.name, Served(model, model, folder), Path(folder) if folder else None)
+    start = base_adapter(settings)
+    if version.adapter_path is None and start is not None:
+        name = adapter_version(start)
+        return ProbeVersion(version.name, Served(name, name, str(start)), Path(start))
+    if version.adapter_path is None:
+        return ProbeVersion(version.name, Served("base", "base", None), None)
+    return ProbeVersion(version.name, Served(version.name, version.name, version.adapter_path),
+                        Path(version.adapter_path))
+
+
+def trainer_reference(settings: Settings) -> TrainerReference:
+    """The trainer's log-probs for the swap probe: the model training loads (`app.training.build_trainer`'s), in the
+    trainer's default dtype (loaded on first use)."""
+    from learning.train_config import TrainConfig
+
+    def model_dir() -> Path:
+        from learning.engines.weights import ensure_converted
+
+        return settings.agent.embedded_model_path or ensure_converted(settings.store.model_cache)
+
+    return TrainerReference(model_dir, dtype=TrainConfig().dtype)
+
+
+def swaps_verified(settings: Settings) -> bool:
+    """Whether the backend swaps versions (vLLM's runtime LoRA, the embedded engines); a llama.cpp server serves the
+    weights it was started with, so nothing is swapped there."""
+    return settings.agent.policy_backend in ("vllm", "embedded")
+
+
+async def verify_served_swap(policy: Any, settings: Settings, new: PolicyVersion, old: PolicyVersion,
+                             reference: TrainerReference, swap: Callable[[], Awaitable[object]],
+                             serving: Collection[str] = ()) -> dict[str, ProbeDistances]:
+    """Run `swap` (which makes `policy` serve `new`) under the swap probe against `old` (`learning.swap_verify`),
+    on every vLLM replica or on the in-process engine.
+
+    On vLLM, a swap that fails the probe after it ran takes `new` off every replica again, unless it is in `serving`
+    (what still serves: `live_names`), so a later attempt loads it afresh rather than finding the stale copy listed;
+    a probe that failed before the swap (the previous version could not be read) leaves every replica as it was.
+
+    Raises:
+        SwapNotVerified: the probe failed or could not run before its deadline (the message says where and why).
+        Whatever `swap` raises (a replica that refused the load: ReplicaError).
+    """
+    cfg = settings.learning.retrain
+    try:
+        return await verify_swap(probe_targets(policy), probe_version(settings, new), probe_version(settings, old),
+                                 reference, swap=swap, tolerance=cfg.swap_probe_max_kl,
+                                 deadline_s=cfg.swap_probe_deadline_s, tokens=cfg.swap_probe_tokens)
+    except SwapNotVerified as exc:
+        if exc.after_swap and settings.agent.policy_backend == "vllm" and new.adapter_path is not None \
+                and new.name not in serving:
+            await unload_stale(policy, [new.name])
+        raise
+
+
 def rollback_target(registry: Registry, team: str | None = None) -> PolicyVersion:
     """The version `Registry.rollback` would make live, found without moving `live` (the same rule: the version the
     promotion of the current live one replaced, rollbacks skipped), so it can be loaded everywhere first. For a team
@@ -216,6 +306,7 @@ class RetrainApp:
         self.index = open_index(settings)
         ensure_corpus(self.index, say)
         self._probe_policy: Any = None
+        self._reference: TrainerReference | None = None
         self._pending: list[asyncio.Task[None]] = []
 
     def parts(self) -> RetrainParts:
@@ -277,10 +368,24 @@ class RetrainApp:
             self._probe_policy = build_policy(self.settings, self.say)
         return self._probe_policy
 
+    def _trainer(self) -> TrainerReference:
+        """The swap probe's trainer reference, loaded once per cycle."""
+        if self._reference is None:
+            self._reference = trainer_reference(self.settings)
+        return self._reference
+
     async def probe_for(self, version: PolicyVersion) -> Probe:
-        """A function that researches a probe question with `version` (fresh probe log, no bank)."""
+        """A function that researches a probe question with `version` (fresh probe log, no bank). A candidate is
+        swapped in under the swap probe against the live version it would replace, so no probe session is recorded
+        under a version that did not serve it (SwapNotVerified fails the cycle)."""
         policy = self._policy()
-        await self._serve(policy, version)
+        if version.status == "candidate" and swaps_verified(self.settings):
+            live = self.registry.live(version.team)
+            checks = await verify_served_swap(policy, self.settings, version, live, self._trainer(),
+                                              lambda: self._serve(policy, version), live_names(self.registry))
+            self.say(f"swap to {version.name} verified on {', '.join(checks)}")
+        else:
+            await self._serve(policy, version)
         from agent.tools.registry import build_tools
 
         log = SessionLog(gate_scratch(self.settings)[0])
@@ -295,29 +400,29 @@ class RetrainApp:
 
     async def _serve(self, policy: Any, version: PolicyVersion) -> None:
         """Make `policy` answer with `version` (load the adapter in-process, or on every vLLM replica)."""
-        if self.settings.agent.policy_backend == "vllm":
-            if version.adapter_path is None:
-                policy.set_model(self.settings.agent.policy_model)
-                return
-            await policy.ensure_adapter(version.name, version.adapter_path)  # a ReplicaSet: on every replica or none
-            policy.set_model(version.name)
-            return
-        start = base_adapter(self.settings)
-        if version.adapter_path is None and start is not None:  # `base` is the deployment's starting adapter
-            await policy.aload_adapter(start, adapter_version(start))
-        elif version.adapter_path is None:
-            await policy.aunload_adapter()
-        else:
-            await policy.aload_adapter(version.adapter_path, version.name)
+        await serve_version(policy, self.settings, version)
 
     async def activate(self, new: PolicyVersion, old: PolicyVersion) -> None:
-        """Make `new` servable before the alias flips. vLLM: every replica serves it, checked (`prepare_live`;
-        a failed replica raises ReplicaError and the cycle fails with it named); adapters older than `old` are
-        unloaded after the grace period (old stays loaded for a rollback). Embedded: serving processes load it."""
-        if self.settings.agent.policy_backend != "vllm":
+        """Make `new` servable, verified, before the alias flips. vLLM: every replica serves it, checked
+        (`prepare_live`; a failed replica raises ReplicaError and the cycle fails with it named), and passes the swap
+        probe against `old` (SwapNotVerified names the replica and both distances; the adapter is taken off again);
+        adapters older than `old` are unloaded after the grace period (old stays loaded for a rollback). Embedded:
+        the swap is probed on this process's engine of the same configuration (serving processes load it
+        themselves)."""
+        if not swaps_verified(self.settings):
             return
         policy = self._policy()
-        stale = await prepare_live(policy, self.settings, new, old, live_names(self.registry))
+        serving = live_names(self.registry)
+        stale: list[str] = []
+
+        async def swap() -> None:
+            if self.settings.agent.policy_backend == "vllm":
+                stale.extend(await prepare_live(policy, self.settings, new, old, serving))
+            else:
+                await self._serve(policy, new)
+
+        checks = await verify_served_swap(policy, self.settings, new, old, self._trainer(), swap, serving)
+        self.say(f"swap to {new.name} verified on {', '.join(checks)}")
         if stale:
             self._pending.append(asyncio.create_task(self._unload_later(policy, stale)))
 
@@ -341,4 +446,6 @@ class RetrainApp:
             await asyncio.gather(*self._pending, return_exceptions=True)
         if self._probe_policy is not None:
             await self._probe_policy.aclose()
+        if self._reference is not None:
+            self._reference.close()
         await asyncio.to_thread(purge_runs, self.settings, self.log, self.say)

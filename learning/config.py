@@ -60,6 +60,16 @@ class RetrainConfig(BaseModel):
         default=False, description="One-GPU mode: put vLLM to sleep while training, wake it after.")
     unload_grace_s: float = Field(default=60.0, ge=0, description="Seconds before an old adapter is unloaded.")
     max_token_caps: int = Field(default=96, ge=16, description="Per-stage token cap of training rollouts.")
+    swap_probe_max_kl: float = Field(
+        default=0.05, gt=0,
+        description="Swap probe (issue 63): after a version is loaded on an engine or vLLM replica, its log-probs on a "
+        "fixed probe prompt must be within this mean k3 KL(served || trainer) per token of the trainer's for that "
+        "version (the bound max_sampler_kl puts on rollouts; sound engines measure 0.002-0.007), and must differ from "
+        "the previous version's, or the version is not promoted.")
+    swap_probe_tokens: int = Field(default=24, ge=4, le=512, description="Tokens the swap probe samples per reading.")
+    swap_probe_deadline_s: float = Field(
+        default=120.0, gt=0, description="How long the swap probe retries an engine or replica that cannot answer "
+        "(down, restarting) before the swap fails with the reason; a swap is never promoted unverified.")
     keep_run_folders: int = Field(
         default=2, ge=0,
         description="Run folders (DATA_DIR/runs/<cycle>: questions, rollouts, checkpoints) and run bank collections "

@@ -20,7 +20,9 @@ recorded as skipped with the reason, and raised so `retrain --now --team` fails 
 "team" version on the seed set alone; and a candidate whose team has no question left to be gated on (its sessions
 deleted or opted out since training) is rejected, never promoted on the global half of the gate alone.
 An exception marks the cycle failed (live untouched; a policy replica that failed to load the candidate is listed
-in the cycle's numbers as `failed_replicas`); a killed process leaves it running, and the next call resumes.
+in the cycle's numbers as `failed_replicas`, a swap that failed its probe (issue 63: the candidate before the gate,
+the promoted version in `activate`) as `swap_probe`, with the engine, the replica and both distances); a killed
+process leaves it running, and the next call resumes.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from learning.eval.heldout import heldout_ids, normalize_question
 from learning.evaluate import GateReport, Probe, adapter_problem, decide, score_version, team_gate
 from learning.judge.pipeline import judge_pending
 from learning.judge.types import TrajectoryJudge
+from learning.swap_probe import SwapNotVerified
 from store.registry import Cycle, PolicyVersion, Registry, RegistryError
 from store.session_log import SessionLog
 
@@ -112,6 +115,8 @@ async def retrain(parts: RetrainParts, cfg: RetrainConfig, *, trigger: str = "cl
                 # A policy replica that failed a load (probe or promotion) is named in the record, not only the
                 # message.
                 numbers = {"failed_replicas": sorted(exc.failures)} if isinstance(exc, ReplicaError) else None
+                if isinstance(exc, SwapNotVerified):  # where the swap probe failed, with both distances
+                    numbers = {"swap_probe": exc.record()}
                 error = f"{type(exc).__name__}: {exc}"
                 # Kept for the operator (the registry, the trainer's log); the Learning page shows the cycle id only.
                 _log.error("retraining cycle %s failed: %s", cycle.cycle_id, error)

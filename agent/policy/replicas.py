@@ -10,8 +10,9 @@ Why it is shaped this way:
   round-robin per call. Any replica can answer any request (the token ids travel with it), so the pin is only a
   cache hint, never a correctness condition.
 * **Failover before anything was returned.** A request that fails on a replica as a whole (connection refused,
-  5xx, timeout, 429, or 404 because that replica does not serve the requested adapter, e.g. it restarted and lost
-  its runtime-loaded adapters) is sent to the next replica; nothing the caller received is ever re-sampled, since a
+  5xx, timeout, 429, or 404 because that replica does not serve the requested adapter and could not be given it
+  again: each replica's client first loads an adapter it lost in a restart from its folder, `VLLMPolicyClient`) is
+  sent to the next replica; nothing the caller received is ever re-sampled, since a
   generation is returned whole or not at all. The replica that failed is *cooled down*: tried last, not skipped,
   for `cooldown_s`, so a replica that comes back is used again without a health-check loop, and a set whose
   replicas are all cooling down still tries them all. Each replica's own client does not retry (`max_retries=0`):
@@ -181,6 +182,11 @@ class ReplicaSet:
     def replica_urls(self) -> tuple[str, ...]:
         """The replicas, by URL without credentials, in configured order."""
         return tuple(r.url for r in self._replicas)
+
+    def replica_clients(self) -> tuple[tuple[str, VLLMPolicyClient], ...]:
+        """Each replica's URL (without credentials) and its own client, in configured order: for checks that must
+        reach every replica (the swap probe, issue 63), never for serving (that is `generate`'s failover)."""
+        return tuple((r.url, r.client) for r in self._replicas)
 
     def health(self) -> dict[str, str | None]:
         """Each replica's last failure while it is cooling down (tried last), None when it is healthy."""
@@ -383,12 +389,14 @@ class ReplicaSet:
         step = "check"  # check → load → verify: how far this replica got
         try:
             if await client.served_root(name) == lora_path:
+                client.remember_adapter(name, lora_path)  # loaded again from there if the replica restarts
                 return _LoadOutcome(index)
             step = "load"
             try:
                 await client.load_lora_adapter(name, lora_path)
             except PolicyRequestError as exc:
                 if exc.status_code == 400 and await client.served_root(name) == lora_path:
+                    client.remember_adapter(name, lora_path)
                     return _LoadOutcome(index)  # a concurrent publisher loaded it first
                 raise
             step = "verify"

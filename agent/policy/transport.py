@@ -84,6 +84,11 @@ class HTTPPolicyBase:
         """The served model/adapter alias."""
         return self._model
 
+    @property
+    def server_url(self) -> str:
+        """The server root without credentials in the URL (safe in messages and logs)."""
+        return self._shown_root
+
     def _alias(self, served: Served | None) -> str:
         """The name one request is sent as `model`: the session's pinned one, else the client's current alias.
 

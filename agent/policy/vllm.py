@@ -55,6 +55,12 @@ class VLLMPolicyClient(HTTPPolicyBase):
     `version` as `model` from then on; each request keeps (and its `Generation.policy_version` records) the alias it
     was sent with, so requests in flight finish on the version they started with. `unload_lora_adapter`,
     `list_models`, `sleep`, `wake_up` and `is_sleeping` wrap the other management routes.
+
+    Adapters survive a server restart (issue 63): vLLM forgets runtime-loaded adapters when it restarts, and answers
+    404 "The model `x` does not exist." to the next request naming one. The client remembers the folder of every
+    adapter it loaded (or saw listed from its folder), and a request pinned to a version (`Served`) carries its
+    folder too; when a request naming such an adapter gets that 404, the client loads the adapter again from its
+    folder and sends the request once more. A name it knows no folder for fails as before.
     """
 
     unreachable_hint = "; is vLLM running there? `rubricem policy-server` (or `make policy-server`) starts a local one"
@@ -83,12 +89,14 @@ class VLLMPolicyClient(HTTPPolicyBase):
         """
         super().__init__(base_url, model, api_key, timeout_s, max_retries, transport, backoff_s, backoff_max_s)
         self._max_model_len: int | None = None
+        # Adapter name -> the folder (as the server sees it) it was loaded from: loaded again if the server lost it.
+        self._adapters: dict[str, str] = {}
 
     async def render_prompt(self, messages: Sequence[ChatMessage]) -> PromptContext:
         """Render with the server's chat template (`/tokenize` chat form) and detokenize the ids for the text."""
         if not messages:
             raise ValueError("render_prompt needs at least one message")
-        data = await self._post(
+        data = await self._post_naming(
             "/tokenize",
             {
                 "model": self._model,
@@ -105,7 +113,8 @@ class VLLMPolicyClient(HTTPPolicyBase):
         """Tokenize inserted text with the served tokenizer, without special tokens."""
         if not text:
             return ()
-        data = await self._post("/tokenize", {"model": self._model, "prompt": text, "add_special_tokens": False})
+        data = await self._post_naming("/tokenize", {"model": self._model, "prompt": text,
+                                                     "add_special_tokens": False})
         return self._read_tokens(data)
 
     async def generate(
@@ -152,7 +161,7 @@ class VLLMPolicyClient(HTTPPolicyBase):
         }
         if seed is not None:
             body["seed"] = int(seed)
-        data = await self._post("/v1/completions", body)
+        data = await self._post_naming("/v1/completions", body, served.adapter if served is not None else None)
         choice = first_choice(data)
         return await self._normalise(choice, alias)
 
@@ -203,7 +212,7 @@ class VLLMPolicyClient(HTTPPolicyBase):
     async def _detokenize(self, ids: Sequence[int]) -> str:
         if not ids:
             return ""
-        data = await self._post("/detokenize", {"model": self._model, "tokens": list(ids)})
+        data = await self._post_naming("/detokenize", {"model": self._model, "tokens": list(ids)})
         text = data.get("prompt")
         if not isinstance(text, str):
             raise PolicyUnavailable("/detokenize answered without a `prompt` string")
@@ -256,6 +265,7 @@ class VLLMPolicyClient(HTTPPolicyBase):
                 f"POST /v1/load_lora_adapter: vLLM could not load adapter {name!r} from {lora_path}: {message} "
                 "(a server started without --enable-lora, or an adapter rank above --max-lora-rank, fails this way)"
             )
+        self._adapters[name] = lora_path
         log.info("vLLM loaded LoRA adapter %s from %s", name, lora_path)
 
     async def unload_lora_adapter(self, name: str) -> None:
@@ -272,10 +282,16 @@ class VLLMPolicyClient(HTTPPolicyBase):
         """
         if not name:
             raise ValueError("unload_lora_adapter needs a non-empty adapter name")
-        resp = await self._lora_request("/v1/unload_lora_adapter", {"lora_name": name})
+        try:
+            resp = await self._lora_request("/v1/unload_lora_adapter", {"lora_name": name})
+        except PolicyRequestError as exc:
+            if exc.status_code == 404 and VLLM_RUNTIME_LORA_ENV not in str(exc):
+                self._adapters.pop(name, None)  # not loaded there: nothing to load again after a restart
+            raise
         if resp.status_code >= 500:
             message, _ = error_details(resp)
             raise PolicyUnavailable(f"POST /v1/unload_lora_adapter: vLLM could not unload {name!r}: {message}")
+        self._adapters.pop(name, None)
         log.info("vLLM unloaded LoRA adapter %s", name)
 
     async def aload_adapter(self, path: str | PathLike[str], version: str) -> None:
@@ -292,6 +308,7 @@ class VLLMPolicyClient(HTTPPolicyBase):
         except PolicyRequestError as exc:
             if exc.status_code != 400 or not await self._serves(version, fspath(path)):
                 raise
+            self._adapters[version] = fspath(path)
             log.info("LoRA adapter %s was already loaded from %s", version, fspath(path))
         self.set_model(version)
 
@@ -315,12 +332,14 @@ class VLLMPolicyClient(HTTPPolicyBase):
         """
         lora_path = fspath(path)
         if await self.served_root(name) == lora_path:
+            self._adapters[name] = lora_path
             return False
         try:
             await self.load_lora_adapter(name, lora_path)
         except PolicyRequestError as exc:  # a concurrent publisher may have loaded it first
             if exc.status_code != 400 or await self.served_root(name) != lora_path:
                 raise
+            self._adapters[name] = lora_path
             return False
         if await self.served_root(name) != lora_path:
             raise PolicyUnavailable(f"vLLM answered that adapter {name!r} was loaded, but /v1/models does not list it "
@@ -402,6 +421,53 @@ class VLLMPolicyClient(HTTPPolicyBase):
             raise PolicyUnavailable("GET /is_sleeping answered without an `is_sleeping` boolean")
         return flag
 
+    def known_adapters(self) -> dict[str, str]:
+        """The adapters this client would load again after a server restart: name -> folder (as the server sees it)."""
+        return dict(self._adapters)
+
+    def remember_adapter(self, name: str, path: str | PathLike[str]) -> None:
+        """Record that adapter `name` is served from folder `path` (loaded by someone else, e.g. another replica's
+        promoter): a request naming it after the server lost it loads it again from there."""
+        if name and fspath(path):
+            self._adapters[name] = fspath(path)
+
+    async def _post_naming(self, path: str, body: Mapping[str, Any], adapter: str | None = None) -> dict[str, Any]:
+        """POST a request that names a model (`body["model"]`), restoring an adapter the server lost (a restart).
+
+        When the server answers 404 "The model `x` does not exist." and `x` is an adapter whose folder is known
+        (`adapter`, the folder the request is pinned to, else the one this client loaded it from), the adapter is
+        loaded again from that folder (`_restore_adapter`) and the request is sent once more; any other failure, or a
+        second 404, is raised as it is.
+        """
+        try:
+            return await self._post(path, body)
+        except PolicyRequestError as exc:
+            name = str(body.get("model") or "")
+            folder = adapter or self._adapters.get(name)
+            if exc.status_code != 404 or not folder or not _model_missing(exc, name):
+                raise
+            await self._restore_adapter(name, folder, exc)
+        return await self._post(path, body)
+
+    async def _restore_adapter(self, name: str, folder: str, cause: PolicyRequestError) -> None:
+        """Load adapter `name` from `folder` again after the server answered that it does not exist.
+
+        Raises:
+            PolicyRequestError: the load was refused (the folder is gone, runtime updating is off: the reason given)
+                and no concurrent request loaded it meanwhile.
+            PolicyUnavailable, PolicyTimeout: as `load_lora_adapter`.
+        """
+        log.warning("vLLM at %s no longer serves LoRA adapter %s (it restarted?): loading it again from %s",
+                    self._shown_root, name, folder)
+        try:
+            await self.load_lora_adapter(name, folder)
+        except PolicyRequestError as exc:  # 400 "already loaded": another request restored it first
+            if exc.status_code == 400 and await self.served_root(name) == folder:
+                self._adapters[name] = folder
+                return
+            raise PolicyRequestError(f"{cause}; loading adapter {name!r} again from {folder} failed: {exc}",
+                                     status_code=exc.status_code) from exc
+
     async def _model_cards(self) -> list[dict[str, Any]]:
         data = _json_object("GET /v1/models", await self._send("GET", "/v1/models"))
         cards = data.get("data")
@@ -441,6 +507,12 @@ def _raise_not_found(method: str, path: str, resp: httpx.Response, hint: str) ->
     if isinstance(data, dict) and "error" not in data and data.get("detail") == "Not Found":
         raise PolicyRequestError(f"{method} {path}: the server has no such route; {hint}", status_code=404)
     raise PolicyRequestError(f"{method} {path}: 404: {message}", status_code=404)
+
+
+def _model_missing(exc: PolicyRequestError, name: str) -> bool:
+    """Whether a 404 is vLLM's "The model `name` does not exist." (an unknown model name, not a missing route)."""
+    text = str(exc)
+    return "does not exist" in text and f"`{name}`" in text
 
 
 def _json_object(label: str, resp: httpx.Response) -> dict[str, Any]:

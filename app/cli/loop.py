@@ -106,23 +106,47 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 async def _move_live(settings: Settings, new: Any, old: Any, flip: Callable[[], AliasChange]) -> AliasChange:
-    """Serve `new` where the policy is served, then `flip` the alias, then unload stale adapters after the grace.
+    """Serve `new` where the policy is served, verified, then `flip` the alias, then unload stale adapters after the
+    grace.
 
     On vLLM, `prepare_live` loads `new` on every replica and checks each lists it; if one fails (down, load refused)
-    it raises before `flip`, so `live` does not move, and the adapter is unloaded again where it was loaded. The
-    embedded backend needs nothing here: serving processes load the live adapter themselves.
+    it raises before `flip`, so `live` does not move, and the adapter is unloaded again where it was loaded. Then
+    every replica must pass the swap probe against `old` (issue 63: its log-probs on a fixed prompt agree with the
+    trainer's for `new` and differ from `old`'s); a failure raises SwapNotVerified naming the replica and both
+    distances, before `flip`, and takes `new` off the replicas again. The embedded backend probes the swap on an
+    engine of its configuration in this process (serving processes load the live adapter themselves).
     """
-    if settings.agent.policy_backend != "vllm":
+    from app.retrain import swaps_verified
+
+    if not swaps_verified(settings):
         return flip()
     from app.container import build_policy
-    from app.retrain import live_names, prepare_live, unload_stale
+    from app.retrain import (
+        live_names,
+        prepare_live,
+        serve_version,
+        trainer_reference,
+        unload_stale,
+        verify_served_swap,
+    )
     from store.registry import Registry
     from store.session_log import SessionLog
 
+    vllm = settings.agent.policy_backend == "vllm"
     policy: Any = build_policy(settings)
+    reference = trainer_reference(settings)
+    serving = live_names(Registry(SessionLog.from_config(settings.store)))
+    stale: list[str] = []
+
+    async def swap() -> None:
+        if vllm:
+            stale.extend(await prepare_live(policy, settings, new, old, serving))
+        else:
+            await serve_version(policy, settings, new)
+
     try:
-        stale = await prepare_live(policy, settings, new, old,
-                                   live_names(Registry(SessionLog.from_config(settings.store))))
+        checks = await verify_served_swap(policy, settings, new, old, reference, swap, serving)
+        print(f"swap to {new.name} verified on {', '.join(checks)}", file=sys.stderr)
         change = flip()
         if stale:
             grace = settings.learning.retrain.unload_grace_s
@@ -131,6 +155,7 @@ async def _move_live(settings: Settings, new: Any, old: Any, flip: Callable[[], 
             await unload_stale(policy, stale)
         return change
     finally:
+        reference.close()
         await policy.aclose()
 
 

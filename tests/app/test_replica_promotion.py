@@ -3,8 +3,10 @@ cycle against two real vLLM servers (the CPU build, `make vllm`): the run's shar
 with --max-lora-rank 8, so a rank-16 adapter really fails to load there (replicas configured differently), and which
 is stopped and restarted for the rollback.
 
-`live` moves only once every replica lists the version; when a replica fails, the adapter is unloaded where this
-attempt loaded it, `live` stays, and the failing replica is named (in the cycle's record for a cycle)."""
+`live` moves only once every replica lists the version and passes the swap probe (issue 63); when a replica fails,
+the adapter is unloaded where this attempt loaded it, `live` stays, and the failing replica is named (in the cycle's
+record for a cycle). The versions are rank-8 cuts of the SFT adapter, not all-zero ones: an all-zero adapter serves
+exactly the base model's outputs, which the swap probe rightly cannot tell from `base`."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from app.service import ResearchService
 from app.settings import Settings
 from store.registry import Registry
 from store.session_log import SessionLog
-from tests.adapters import reshaped_adapter, served_adapters, unload_adapters
+from tests.adapters import served_adapters, unload_adapters
 from tests.servers import free_port
 from tests.gate import assert_gate_decided
 from tests.indexes import seed_passages
@@ -36,6 +38,24 @@ OPTIONS = RunOptions(
     format="short_form", max_tool_calls=1, temperature=0.0, seed=0, wall_clock_s=120,
     token_caps=StageTokenCaps(plan=16, research=16, review=16, answer=16), context_tokens=8192,
 )  # fmt: skip
+
+
+def rank8_adapter(dest: Path, scale: float = 1.0) -> Path:
+    """The SFT adapter cut to its first 8 ranks (its LoRA scale kept), B times `scale`: a rank-8 adapter replica b
+    can load, with outputs of its own."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(SHIPPED_SFT_ADAPTER, dest)
+    cfg = json.loads((dest / "adapter_config.json").read_text())
+    ratio = cfg["lora_alpha"] / cfg["r"]
+    cfg["r"], cfg["lora_alpha"] = 8, ratio * 8
+    weights = load_file(str(dest / "adapter_model.safetensors"))
+    cut = {k: (v[:8, :] if "lora_A" in k else v[:, :8] * scale).contiguous().to(v.dtype) for k, v in weights.items()}
+    assert all(float(torch.count_nonzero(v)) > 0 for v in cut.values())
+    (dest / "adapter_config.json").write_text(json.dumps(cfg))
+    save_file(cut, str(dest / "adapter_model.safetensors"))
+    return dest
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +79,16 @@ def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **values: str) -> None
         monkeypatch.setenv(f"RUBRICEM_{name}", value)
 
 
-def _replica_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *urls: str, **more: str) -> Settings:
+def _replica_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *urls: str, model_dir: Path | None = None,
+                 **more: str) -> Settings:
     values = {"STORE__DATA_DIR": str(tmp_path / "data"), "AGENT__POLICY_BACKEND": "vllm",
               "AGENT__POLICY_BASE_URLS": json.dumps(list(urls)),
               "AGENT__POLICY_MAX_RETRIES": "1", "AGENT__POLICY_TIMEOUT_S": "120",
               "LEARNING__RETRAIN__UNLOAD_GRACE_S": "0",
+              "LEARNING__RETRAIN__SWAP_PROBE_DEADLINE_S": "10",  # a replica that is down fails the probe in 10 s
               "AGENT__LOCAL_SEARCH_K": "2", "AGENT__SNIPPET_CHARS": "300"}  # short tool outputs: serving is the subject
+    if model_dir is not None:  # the model the replicas serve: the trainer's, for the swap probe
+        values["AGENT__EMBEDDED_MODEL_PATH"] = str(model_dir)
     _env(monkeypatch, tmp_path, **(values | more))
     return Settings()
 
@@ -139,16 +163,16 @@ def _serve_sessions(settings: Settings, n: int) -> list[str]:
 @pytest.mark.timeout(1500)
 def test_promote_and_rollback_move_live_only_once_every_replica_serves_the_version(
     real_vllm: Any, replica_b: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str], smollm2_dir: Path
 ) -> None:
     a, b = real_vllm, replica_b
-    settings = _replica_env(monkeypatch, tmp_path, a.url, b.url)
+    settings = _replica_env(monkeypatch, tmp_path, a.url, b.url, model_dir=smollm2_dir)
     seed_passages(settings)
     reg = Registry(SessionLog.from_config(settings.store))
     shared = tmp_path / "adapters"  # the adapters volume every replica mounts at the same path
     wide = reg.register(shutil.copytree(SHIPPED_SFT_ADAPTER, shared / "rank16"), parent="base")
-    v1 = reg.register(reshaped_adapter(SHIPPED_SFT_ADAPTER, shared / "one", rank=8), parent="base")
-    v2 = reg.register(reshaped_adapter(SHIPPED_SFT_ADAPTER, shared / "two", rank=8), parent=v1.name)
+    v1 = reg.register(rank8_adapter(shared / "one"), parent="base")
+    v2 = reg.register(rank8_adapter(shared / "two", scale=0.5), parent=v1.name)
     try:
         # A replica fails the load: live stays, the adapter is taken back from the other, the replica is named.
         assert main(["promote", wide.name]) == 1
@@ -157,9 +181,11 @@ def test_promote_and_rollback_move_live_only_once_every_replica_serves_the_versi
         assert reg.live().name == "base" and served_adapters(a) == {} and served_adapters(b) == {}
         assert _serve_sessions(settings, 1) == ["policy"]  # `base` live: vLLM's base model name is sent
 
-        # Both load it: live moves, and both replicas serve it to the sessions that follow.
+        # Both load it and pass the swap probe: live moves, and both replicas serve it to the sessions that follow.
         assert main(["promote", v1.name]) == 0
-        assert f"live: base -> {v1.name}" in capsys.readouterr().out
+        out, err = capsys.readouterr()
+        assert f"live: base -> {v1.name}" in out
+        assert f"swap to {v1.name} verified on vllm {a.url}, vllm {b.url}" in err
         assert reg.live().name == v1.name
         assert served_adapters(a) == served_adapters(b) == {v1.name: v1.adapter_path}
         assert _serve_sessions(settings, 2) == [v1.name, v1.name]
@@ -169,25 +195,26 @@ def test_promote_and_rollback_move_live_only_once_every_replica_serves_the_versi
         assert served_adapters(a) == served_adapters(b) == both  # v1 kept for rollback
 
         # Rollback with a replica down (a port nothing listens on stands for b while it is down: stopping and
-        # restarting a real replica costs a minute): refused with the replica named; live stays and v1 stays loaded
-        # on the other.
+        # restarting a real replica costs a minute): the swap probe cannot read it, retries until its deadline, and
+        # the rollback is refused with the replica named; live stays and v1 stays loaded on the other.
         down = f"http://127.0.0.1:{free_port()}"
-        _replica_env(monkeypatch, tmp_path, a.url, down)
+        _replica_env(monkeypatch, tmp_path, a.url, down, model_dir=smollm2_dir)
         capsys.readouterr()
         assert main(["rollback"]) == 1
         err = capsys.readouterr().err
-        assert down in err and "cannot reach" in err
+        assert down in err and "cannot reach" in err and "could not run within 10s" in err
         assert reg.live().name == v2.name and served_adapters(a) == both
 
-        # The replica is back without its runtime-loaded adapters, as after a restart: the rollback loads v1 there,
+        # The replica is back without its runtime-loaded adapters, as after a restart: the swap probe's reading of the
+        # previous version (v2) loads it there again from its folder (issue 63, item 4), the rollback loads v1 there,
         # then live moves.
-        _replica_env(monkeypatch, tmp_path, a.url, b.url)
+        _replica_env(monkeypatch, tmp_path, a.url, b.url, model_dir=smollm2_dir)
         unload_adapters(b)
         assert served_adapters(b) == {}
         assert main(["rollback", "--reason", "bad answers"]) == 0
         assert f"live: {v2.name} -> {v1.name}" in capsys.readouterr().out
         assert reg.live().name == v1.name and reg.history(limit=1)[0].reason == "bad answers"
-        assert served_adapters(b) == {v1.name: v1.adapter_path} and v1.name in served_adapters(a)
+        assert served_adapters(b) == both and v1.name in served_adapters(a)
         assert _serve_sessions(settings, 1) == [v1.name]
     finally:
         unload_adapters(a)
@@ -200,24 +227,26 @@ def test_promote_and_rollback_move_live_only_once_every_replica_serves_the_versi
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_a_cycle_a_replica_fails_is_recorded_with_it_and_a_good_cycle_moves_every_replica(
-    real_vllm: Any, replica_b: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    real_vllm: Any, replica_b: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smollm2_dir: Path
 ) -> None:
     """The whole cycle with its real gate at the default tolerance (probe sessions on the replicas, the offline
     held-out judge); only the training step is replaced by a finished adapter: first the rank-16 SFT adapter, which
-    replica b cannot load, then an all-zero rank-8 adapter, which serves exactly the base model's outputs, so the
-    gate finds it as good as live and promotes it."""
+    replica b cannot load, then a rank-8 cut of it scaled to 2 %, whose greedy outputs stay the base model's (so the
+    gate finds it as good as live and promotes it) while its log-probs differ, so that the swap probe can tell it
+    from `base` (an all-zero adapter serves exactly the base model, and the probe refuses a swap it cannot verify)."""
     from app.retrain import RetrainApp
     from learning.pipeline import retrain
 
     a, b = real_vllm, replica_b
     probes = tmp_path / "probes.txt"
     probes.write_text("Who was Haymo of Faversham?\n")
-    settings = _replica_env(monkeypatch, tmp_path, a.url, b.url, LEARNING__RETRAIN__PROBE_QUESTIONS=str(probes),
+    settings = _replica_env(monkeypatch, tmp_path, a.url, b.url, model_dir=smollm2_dir,
+                            LEARNING__RETRAIN__PROBE_QUESTIONS=str(probes),
                             LEARNING__RETRAIN__MAX_TOKEN_CAPS="16")
     seed_passages(settings)
     assert settings.learning.retrain.tolerance == 0.02
     wide = shutil.copytree(SHIPPED_SFT_ADAPTER, tmp_path / "wide")
-    zero = reshaped_adapter(SHIPPED_SFT_ADAPTER, tmp_path / "zero", rank=8)
+    small = rank8_adapter(tmp_path / "small", scale=0.02)
 
     async def cycle(trained: Path) -> Any:
         app = RetrainApp(settings)
@@ -242,7 +271,7 @@ def test_a_cycle_a_replica_fails_is_recorded_with_it_and_a_good_cycle_moves_ever
         assert b.url in (failed.error or "") and "max_lora_rank 8" in (failed.error or "")
         assert reg.live().name == "base" and served_adapters(a) == {} and served_adapters(b) == {}
 
-        result = asyncio.run(cycle(zero))
+        result = asyncio.run(cycle(small))
         assert result.cycle.status == "promoted", result.message
         report = assert_gate_decided(reg, result.cycle, tolerance=0.02)
         assert report["candidate"]["total"] + 0.02 >= report["live"]["total"]  # as good as live, within the default

@@ -250,22 +250,27 @@ def test_the_scheduler_runs_on_its_trigger_and_records_a_skip_without_enough_ses
 
 
 def test_a_second_promotion_while_one_is_in_progress_is_refused_with_the_reason(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], smollm2_dir: Path) -> None:
     """`rubricem promote` and `rollback` hold the cycle lock while they move `live`: one that starts while another
-    (or a retraining cycle) holds it is refused, says why, and moves nothing; once the first is done it goes through."""
+    (or a retraining cycle) holds it is refused, says why, and moves nothing; once the first is done it goes through
+    (its swap verified by the probe on the embedded engine, issue 63: so the versions are other weights than `base`,
+    the shipped SFT adapter, which a version identical to it could not be told apart from)."""
     import os
 
     from agent.config import SHIPPED_SFT_ADAPTER
     from app.cli import main
+    from tests.adapters import scaled_adapter
 
     for name in [n for n in os.environ if n.startswith("RUBRICEM_")]:
         monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RUBRICEM_STORE__DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RUBRICEM_AGENT__EMBEDDED_MODEL_PATH", str(smollm2_dir))  # no second conversion
+    monkeypatch.setenv("RUBRICEM_AGENT__EMBEDDED_ADAPTER_PATH", str(SHIPPED_SFT_ADAPTER))  # `base`, as by default
     store = StoreConfig(data_dir=tmp_path / "data")
     reg = Registry(SessionLog(store.sqlite_path))
-    v1 = reg.register(SHIPPED_SFT_ADAPTER, parent="base")
-    v2 = reg.register(SHIPPED_SFT_ADAPTER, parent="base")
+    v1 = reg.register(scaled_adapter(SHIPPED_SFT_ADAPTER, tmp_path / "one", 0.5), parent="base")
+    v2 = reg.register(scaled_adapter(SHIPPED_SFT_ADAPTER, tmp_path / "two", 2.0), parent="base")
     with cycle_lock(store):  # the first promotion, still moving `live`
         assert main(["promote", v2.name]) == 1
         assert "another retraining cycle or promotion is running" in capsys.readouterr().err

@@ -1,12 +1,14 @@
 """The online loop through the real vLLM (CPU build, `make vllm`): sessions served by vLLM, judged, trained with an
 SS-GRPO update in torch on rollouts vLLM generated, the candidate loaded into the running server, the gate's
 decision, promotion, the next session on the new version, rollback; a hot swap while requests run; a server killed
-in the middle of a session."""
+in the middle of a session; a stale adapter caught by the swap probe and not promoted, and a team's adapter loaded
+again after the server restarts (issue 63)."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -231,3 +233,143 @@ def test_without_runtime_updating_and_when_killed_mid_session_the_errors_say_wha
     assert "cannot reach the policy server" in text and "rubricem policy-server" in text, text
     recs = SessionLog(settings.store.sqlite_path).list_sessions(limit=10)
     assert [r.status for r in recs] == ["failed"]
+
+
+# --- every swap is verified; adapters survive a restart (issue 63) ----------------------------------------------------
+
+
+def _cli_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str, smollm2_dir: Path) -> Settings:
+    """A clean RUBRICEM_* environment for `rubricem` commands against the vLLM at `url` (the trainer's model for the
+    swap probe is the one it serves)."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("RUBRICEM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    for key, value in {"STORE__DATA_DIR": str(tmp_path / "data"), "AGENT__POLICY_BACKEND": "vllm",
+                       "AGENT__POLICY_BASE_URL": url, "AGENT__POLICY_MODEL": "policy",
+                       "AGENT__EMBEDDED_MODEL_PATH": str(smollm2_dir), "AGENT__POLICY_MAX_RETRIES": "1",
+                       "AGENT__DEFAULTS__TOKEN_CAPS__PLAN": "24", "AGENT__DEFAULTS__TOKEN_CAPS__RESEARCH": "16",
+                       "AGENT__DEFAULTS__TOKEN_CAPS__REVIEW": "16", "AGENT__DEFAULTS__TOKEN_CAPS__ANSWER": "24",
+                       "AGENT__LOCAL_SEARCH_K": "2", "AGENT__SNIPPET_CHARS": "300",
+                       "LEARNING__RETRAIN__UNLOAD_GRACE_S": "0"}.items():
+        monkeypatch.setenv(f"RUBRICEM_{key}", value)
+    settings = Settings()
+    seed_passages(settings)
+    return settings
+
+
+@pytest.mark.timeout(900)  # two probe readings per version and the trainer's reference; not measured yet
+def test_a_stale_adapter_on_vllm_fails_the_swap_probe_and_is_not_promoted(
+        real_vllm: Any, smollm2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM keys a loaded adapter by name: `policy@2` was loaded from its folder while the folder still held the
+    previous version's files, then the folder got the new weights. `/v1/models` lists it from the right folder, so
+    the load check passes, and vLLM keeps sampling the old weights. `rubricem promote` runs the swap probe: the
+    reading under policy@2 equals the one under policy@1 and is far from the trainer's policy@2, so live stays, the
+    error names the engine, the replica and both distances, and policy@2 is taken off the server; promoting again
+    loads the new weights afresh, passes, and moves live."""
+    from app.cli import main
+    from tests.adapters import scaled_adapter, served_adapters
+
+    settings = _cli_env(monkeypatch, tmp_path, real_vllm.url, smollm2_dir)
+    reg = Registry(SessionLog(settings.store.sqlite_path))
+    one = scaled_adapter(SHIPPED_SFT_ADAPTER, tmp_path / "one", 0.5)
+    two = tmp_path / "two"
+    try:
+        v1 = reg.register(one, parent="base")
+        assert main(["promote", v1.name]) == 0
+        assert f"swap to {v1.name} verified on vllm {real_vllm.url}" in capsys.readouterr().err
+        shutil.copytree(one, two)  # the folder as vLLM read it: the previous version's files
+        v2 = reg.register(two, parent=v1.name)
+        httpx.post(f"{real_vllm.url}/v1/load_lora_adapter", json={"lora_name": v2.name, "lora_path": str(two)},
+                   timeout=300).raise_for_status()
+        httpx.post(f"{real_vllm.url}/v1/completions", json={"model": v2.name, "prompt": "Hello", "max_tokens": 1},
+                   timeout=300).raise_for_status()  # the engine holds these weights now, whatever it reads lazily
+        shutil.rmtree(two)
+        scaled_adapter(SHIPPED_SFT_ADAPTER, two, 2.0)  # the new weights, under the same folder and name
+        assert served_adapters(real_vllm)[v2.name] == str(two)
+
+        assert main(["promote", v2.name]) == 1
+        err = capsys.readouterr().err
+        assert f"SwapNotVerified: the swap to {v2.name} is not verified on vllm replica {real_vllm.url}" in err
+        assert f"distance to the trainer's {v2.name}:" in err and f"distance to the previous version {v1.name}:" in err
+        assert "still serves the previous weights" in err and f"{v2.name} is not promoted" in err
+        assert reg.live().name == v1.name and v2.name not in served_adapters(real_vllm)
+
+        assert main(["promote", v2.name]) == 0  # loaded afresh from its folder now: the new weights serve
+        out, err = capsys.readouterr()
+        assert f"live: {v1.name} -> {v2.name}" in out and f"swap to {v2.name} verified" in err
+        assert reg.live().name == v2.name
+    finally:
+        unload_adapters(real_vllm)
+
+
+@pytest.mark.timeout(1200)  # starts a vLLM of its own twice; not measured yet
+def test_after_a_vllm_restart_the_next_team_session_is_served_by_its_adapter(
+        smollm2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server of its own, restarted on its port (vLLM forgets runtime-loaded adapters). The service process lives
+    on across the restart (it loaded the team's adapter once and remembers that): the next session of the team's
+    member is served by the team's adapter, by name in the server's own request log, not a 404 and not the global
+    policy; so is a session of a new service process."""
+    from app.cli import main
+    from app.container import build
+    from store.owner import acting_as
+    from store.teams import Teams
+    from store.users import Users
+    from tests.adapters import scaled_adapter, served_adapters
+    from tests.conftest import start_real_vllm
+    from tests.app.test_vllm_teams import logged_requests
+
+    server: Any = start_real_vllm(smollm2_dir, tmp_path / "first", extra_args=("--enable-log-requests",))
+    try:
+        settings = _cli_env(monkeypatch, tmp_path, server.url, smollm2_dir)
+        log = SessionLog(settings.store.sqlite_path)
+        reg, teams = Registry(log), Teams(log)
+        Users(log).add("alice", password="alice's password", consent=True)
+        teams.add("law")
+        teams.assign("alice", "law")
+        law = reg.register(scaled_adapter(SHIPPED_SFT_ADAPTER, tmp_path / "law1", 0.5), parent="base", team="law")
+        assert main(["promote", law.name]) == 0  # loaded on the server, swap verified, then law's alias moves
+        assert reg.live("law").name == law.name
+
+        async def sessions() -> list[str]:
+            nonlocal server
+            services = build(settings)
+
+            async def ask(seed: int) -> str:
+                with acting_as("alice"):
+                    options = SMALL.model_copy(update={"seed": seed})
+                    return (await services.research.run("Who was Haymo of Faversham?", options,
+                                                        source="chat")).session_id
+
+            try:
+                first = await ask(1_000)
+                port = server.spec.port
+                await asyncio.to_thread(server.stop)
+                server = await asyncio.to_thread(start_real_vllm, smollm2_dir, tmp_path / "second", port=port,
+                                                 extra_args=("--enable-log-requests",))
+                assert served_adapters(server) == {}  # the restart lost the runtime-loaded adapter
+                return [first, await ask(2_000)]
+            finally:
+                await services.policy.aclose()
+
+        sids = asyncio.run(sessions())
+        fresh = build(settings)  # a new service process after the restart: served the same way
+        try:
+            with acting_as("alice"):
+                sids.append(asyncio.run(fresh.research.run("What is the Franciscan order?",
+                                                           SMALL.model_copy(update={"seed": 3_000}),
+                                                           source="chat")).session_id)
+        finally:
+            asyncio.run(fresh.policy.aclose())
+        for sid in sids:
+            rec = log.get(sid)
+            assert rec.status == "completed" and rec.policy_version == law.name and rec.team == "law"
+            assert rec.metrics["serving"]["warning"] is None
+            assert {t.policy_version for t in rec.trajectory.turns if t.kind == "sampled"} == {law.name}
+        logged = logged_requests(server, 0)  # the restarted server's own log: every request on law's adapter
+        assert logged and {adapter for _, adapter in logged} == {law.name}
+        assert served_adapters(server) == {law.name: str(law.adapter_path)}
+    finally:
+        server.stop()
