@@ -99,8 +99,12 @@ demo: install
 # The suite starts a real vLLM from .vllm/ and a real trace server from .phoenix/; RUBRICEM_TEST_REQUIRE_VLLM makes a
 # missing vLLM fail, never skip, and RUBRICEM_TEST_STRICT turns every other skip (a missing .phoenix too) into a
 # failure (tests marked may_skip excepted; -rs lists them).
+# Two pytest-xdist workers (TEST_WORKERS=0 runs in one process); --dist loadgroup keeps every real-vLLM test on one
+# worker, against one server (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: install vllm phoenix
-	RUBRICEM_TEST_REQUIRE_VLLM=1 RUBRICEM_TEST_STRICT=1 $(PY) -m pytest -q -rs --durations=30
+	RUBRICEM_TEST_REQUIRE_VLLM=1 RUBRICEM_TEST_STRICT=1 $(PY) -m pytest -q -rs --durations=30 \
+	  -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

@@ -136,7 +136,8 @@ def needs_real_vllm(item: pytest.Item, sources: dict[str, bool]) -> bool:
 # 90 minutes. Each test gets max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR x its measured seconds) from tests/seconds.tsv; a
 # test not listed there took under 30 s, so the floor is its 3x and more. The floor, not 3x, bounds most tests
 # because the seconds were measured in one process on an idle Intel: two workers share the cores, and an AVX2-only
-# machine ran some parts 2-3x slower. A smaller timeout a test sets for itself stays.
+# machine ran some parts 2-3x slower. A smaller timeout a test sets for itself stays, and so does the timeout of a test
+# not measured yet.
 SECONDS_FILE = Path(__file__).with_name("seconds.tsv")
 TIMEOUT_FACTOR = 3.0
 TIMEOUT_FLOOR_S = 240.0
@@ -153,9 +154,14 @@ def measured_seconds(path: Path = SECONDS_FILE) -> dict[str, float]:
 
 
 def timeout_for(measured: float | None, own: float | None) -> float:
-    """The timeout of a test measured at `measured` seconds (None: not listed) that asks for `own` (None: nothing)."""
+    """The timeout of a test measured at `measured` seconds (None: not listed) that asks for `own` (None: nothing).
+
+    A listed test gets the rule, or its own timeout where that is smaller. A test not listed yet (new, not measured
+    in a whole run) keeps its own timeout where it sets one: its author's estimate until it is measured."""
     rule = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * (measured or 0.0))
-    return rule if own is None else min(own, rule)
+    if own is None:
+        return rule
+    return own if measured is None else min(own, rule)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

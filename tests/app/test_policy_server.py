@@ -32,7 +32,12 @@ from app.policy_server import (
     spec_from_settings,
 )
 from app.settings import PolicyServerConfig, Settings
+from tests.conftest import VLLM_GROUP
 from tests.servers import free_port
+
+# Two tests here start real vLLM servers through `rubricem policy-server`: under xdist they run on the worker that runs
+# every other real-vLLM test (tests/conftest.py), never beside them.
+pytestmark = pytest.mark.xdist_group(VLLM_GROUP)
 
 
 def _flags(cmd: list[str]) -> dict[str, str | None]:
