@@ -120,8 +120,15 @@ def distances(new: ProbeReading, trainer_new: Sequence[float], previous: ProbeRe
     return ProbeDistances(to_new, to_previous, tokens, shared, None if same_ids else shared)
 
 
+# The trainer's own distance between the new version and the previous one on the probe's tokens below which an engine
+# cannot be expected to show any difference: about the engine gap measured on bf16 vLLM, torch and llama.cpp
+# (0.002-0.007). A real first training step moved the probe by about 0.001, and llama.cpp then read both versions
+# identically, so "identical readings" alone would refuse every small honest update (make test, 2026-12-07).
+VISIBLE_UPDATE = 0.01
+
+
 def judge_swap(new: ProbeReading, trainer_new: Sequence[float], previous: ProbeReading,
-               tolerance: float) -> ProbeVerdict:
+               tolerance: float, trainer_previous: Sequence[float] | None = None) -> ProbeVerdict:
     """Verified when the new reading agrees with the trainer within `tolerance` and differs from the previous reading.
 
     Args:
@@ -129,6 +136,9 @@ def judge_swap(new: ProbeReading, trainer_new: Sequence[float], previous: ProbeR
         trainer_new: the trainer's log-probs of `new.token_ids` for the new version.
         previous: the engine's reading under the previous version (same prompt and seed).
         tolerance: the largest mean k3 per token a sound engine may show (> 0; math.inf accepts any agreement).
+        trainer_previous: the trainer's log-probs of `new.token_ids` for the previous version. Identical readings
+            are a stale swap only when these are at least VISIBLE_UPDATE from `trainer_new` (the update is one an
+            engine can show); None: always.
 
     Raises:
         ValueError: `trainer_new` does not align with `new`, or a tolerance that is not > 0.
@@ -145,7 +155,8 @@ def judge_swap(new: ProbeReading, trainer_new: Sequence[float], previous: ProbeR
         reasons.append(f"the served log-probs are {d.to_new:.4g} nats/token from the trainer's for the new version, "
                        f"above the engine gap allowed ({tolerance:g})")
     same_logprobs = all(a == b for a, b in zip(new.logprobs[:d.shared], previous.logprobs[:d.shared]))
-    if d.diverged_at is None and same_logprobs:
+    update = k3(trainer_previous, trainer_new)[0] if trainer_previous is not None else math.inf
+    if d.diverged_at is None and same_logprobs and not update < VISIBLE_UPDATE:
         reasons.append("the served log-probs are identical to the previous version's (same tokens, same log-probs): "
                        "the engine still serves the previous weights")
     return ProbeVerdict(not reasons, d, "; and ".join(reasons))

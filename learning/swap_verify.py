@@ -175,13 +175,15 @@ async def verify_swap(
                                    after_swap=True)
         try:
             trainer = await asyncio.to_thread(reference.logprobs, new.adapter, ctx.token_ids, reading.token_ids)
+            trainer_prev = await asyncio.to_thread(reference.logprobs, previous.adapter, ctx.token_ids,
+                                                   reading.token_ids)
         except Exception as exc:  # noqa: BLE001 - no reference, no verification: the swap fails, saying why
             raise SwapNotVerified(
                 f"the swap to {new.name} is not verified on {target.engine} replica {target.replica}: the trainer "
                 f"could not score the probe for {new.name} ({type(exc).__name__}: {exc}). {new.name} is not promoted "
                 "and stays out of service", version=new.name, engine=target.engine, replica=target.replica,
                 after_swap=True) from exc
-        verdict = judge_swap(reading, trainer, prev, tolerance)
+        verdict = judge_swap(reading, trainer, prev, tolerance, trainer_prev)
         if not verdict.verified:
             message = (f"the swap to {new.name} is not verified on {target.engine} replica {target.replica}: "
                        f"{verdict.reason}; {describe(verdict.distances, new.name, previous.name, tolerance)}. "

@@ -114,7 +114,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         f"{c} {s:.0f}" for c, s in component_seconds(_SECONDS)))
 
 
-# `make test` runs two pytest-xdist workers with `--dist loadgroup`. Every test that talks to a real vLLM goes to one
+# `TEST_WORKERS=2 make test` runs two pytest-xdist workers with `--dist loadgroup`. Every test that talks to a real vLLM goes to one
 # group, so one worker runs them all, one after another, against the one shared server (`real_vllm`, started once per
 # process): two workers would start two servers on a 2-core machine and starve each other. A module counts as a vLLM
 # module when its source names the shared server or starts one of its own.

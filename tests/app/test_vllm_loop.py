@@ -356,13 +356,17 @@ def test_after_a_vllm_restart_the_next_team_session_is_served_by_its_adapter(
 
         sids = asyncio.run(sessions())
         fresh = build(settings)  # a new service process after the restart: served the same way
-        try:
-            with acting_as("alice"):
-                sids.append(asyncio.run(fresh.research.run("What is the Franciscan order?",
-                                                           SMALL.model_copy(update={"seed": 3_000}),
-                                                           source="chat")).session_id)
-        finally:
-            asyncio.run(fresh.policy.aclose())
+
+        async def third() -> str:  # one event loop for the session and the client's close (its pool belongs to it)
+            try:
+                with acting_as("alice"):
+                    return (await fresh.research.run("What is the Franciscan order?",
+                                                     SMALL.model_copy(update={"seed": 3_000}),
+                                                     source="chat")).session_id
+            finally:
+                await fresh.policy.aclose()
+
+        sids.append(asyncio.run(third()))
         for sid in sids:
             rec = log.get(sid)
             assert rec.status == "completed" and rec.policy_version == law.name and rec.team == "law"

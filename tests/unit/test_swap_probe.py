@@ -48,6 +48,18 @@ def test_a_stale_swap_is_caught_by_identical_readings_even_when_the_trainer_cann
     assert verdict.distances.to_previous == 0.0 and verdict.distances.diverged_at is None
 
 
+def test_identical_readings_pass_only_when_the_update_is_too_small_for_an_engine_to_show() -> None:
+    """A real first training step moved the probe by about 0.001 nats/token and llama.cpp read both versions
+    identically (make test, 2026-12-07): with the trainer's previous version as close as that, identical readings
+    prove nothing and the swap passes; with an update an engine can show, they still fail it."""
+    same = _reading((5, 6, 7), (-1.0, -2.0, -0.5))
+    trainer_new = (-1.001, -2.002, -0.5)
+    tiny = judge_swap(same, trainer_new, _reading((5, 6, 7), (-1.0, -2.0, -0.5)), TOL, (-1.0, -2.0, -0.5))
+    assert tiny.verified
+    visible = judge_swap(same, trainer_new, _reading((5, 6, 7), (-1.0, -2.0, -0.5)), TOL, (-1.4, -2.6, -0.1))
+    assert not visible.verified and "still serves the previous weights" in visible.reason
+
+
 def test_a_swap_far_from_the_trainers_version_is_caught() -> None:
     """The engine serves something else than the trainer's new version (e.g. the old adapter under the new name,
     when the versions differ much), although its reading differs from the previous one."""
