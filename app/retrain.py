@@ -244,6 +244,31 @@ async def verify_served_swap(policy: Any, settings: Settings, new: PolicyVersion
         raise
 
 
+async def activate_verified(policy: Any, settings: Settings, new: PolicyVersion, old: PolicyVersion,
+                            reference: TrainerReference, serving: Collection[str]) -> tuple[dict[str, ProbeDistances],
+                                                                                            list[str]]:
+    """Make `policy` serve `new` under the swap probe against `old`, before the alias moves: on vLLM every replica
+    loads it (`prepare_live`), on the embedded backend this process's engine does (`serve_version`).
+
+    Returns:
+        The probe's distances per engine or replica, and the adapters `prepare_live` found stale (to unload after
+        the grace period; none on the embedded backend).
+
+    Raises:
+        As `verify_served_swap`.
+    """
+    stale: list[str] = []
+
+    async def swap() -> None:
+        if settings.agent.policy_backend == "vllm":
+            stale.extend(await prepare_live(policy, settings, new, old, serving))
+        else:
+            await serve_version(policy, settings, new)
+
+    checks = await verify_served_swap(policy, settings, new, old, reference, swap, serving)
+    return checks, stale
+
+
 def rollback_target(registry: Registry, team: str | None = None) -> PolicyVersion:
     """The version `Registry.rollback` would make live, found without moving `live` (the same rule: the version the
     promotion of the current live one replaced, rollbacks skipped), so it can be loaded everywhere first. For a team
@@ -382,10 +407,11 @@ class RetrainApp:
         if version.status == "candidate" and swaps_verified(self.settings):
             live = self.registry.live(version.team)
             checks = await verify_served_swap(policy, self.settings, version, live, self._trainer(),
-                                              lambda: self._serve(policy, version), live_names(self.registry))
+                                              lambda: serve_version(policy, self.settings, version),
+                                              live_names(self.registry))
             self.say(f"swap to {version.name} verified on {', '.join(checks)}")
         else:
-            await self._serve(policy, version)
+            await serve_version(policy, self.settings, version)
         from agent.tools.registry import build_tools
 
         log = SessionLog(gate_scratch(self.settings)[0])
@@ -398,10 +424,6 @@ class RetrainApp:
 
         return probe
 
-    async def _serve(self, policy: Any, version: PolicyVersion) -> None:
-        """Make `policy` answer with `version` (load the adapter in-process, or on every vLLM replica)."""
-        await serve_version(policy, self.settings, version)
-
     async def activate(self, new: PolicyVersion, old: PolicyVersion) -> None:
         """Make `new` servable, verified, before the alias flips. vLLM: every replica serves it, checked
         (`prepare_live`; a failed replica raises ReplicaError and the cycle fails with it named), and passes the swap
@@ -412,16 +434,8 @@ class RetrainApp:
         if not swaps_verified(self.settings):
             return
         policy = self._policy()
-        serving = live_names(self.registry)
-        stale: list[str] = []
-
-        async def swap() -> None:
-            if self.settings.agent.policy_backend == "vllm":
-                stale.extend(await prepare_live(policy, self.settings, new, old, serving))
-            else:
-                await self._serve(policy, new)
-
-        checks = await verify_served_swap(policy, self.settings, new, old, self._trainer(), swap, serving)
+        checks, stale = await activate_verified(policy, self.settings, new, old, self._trainer(),
+                                                live_names(self.registry))
         self.say(f"swap to {new.name} verified on {', '.join(checks)}")
         if stale:
             self._pending.append(asyncio.create_task(self._unload_later(policy, stale)))

@@ -116,36 +116,19 @@ async def _move_live(settings: Settings, new: Any, old: Any, flip: Callable[[], 
     distances, before `flip`, and takes `new` off the replicas again. The embedded backend probes the swap on an
     engine of its configuration in this process (serving processes load the live adapter themselves).
     """
-    from app.retrain import swaps_verified
+    from app.retrain import activate_verified, live_names, swaps_verified, trainer_reference, unload_stale
 
     if not swaps_verified(settings):
         return flip()
     from app.container import build_policy
-    from app.retrain import (
-        live_names,
-        prepare_live,
-        serve_version,
-        trainer_reference,
-        unload_stale,
-        verify_served_swap,
-    )
     from store.registry import Registry
     from store.session_log import SessionLog
 
-    vllm = settings.agent.policy_backend == "vllm"
     policy: Any = build_policy(settings)
     reference = trainer_reference(settings)
-    serving = live_names(Registry(SessionLog.from_config(settings.store)))
-    stale: list[str] = []
-
-    async def swap() -> None:
-        if vllm:
-            stale.extend(await prepare_live(policy, settings, new, old, serving))
-        else:
-            await serve_version(policy, settings, new)
-
     try:
-        checks = await verify_served_swap(policy, settings, new, old, reference, swap, serving)
+        checks, stale = await activate_verified(policy, settings, new, old, reference,
+                                                live_names(Registry(SessionLog.from_config(settings.store))))
         print(f"swap to {new.name} verified on {', '.join(checks)}", file=sys.stderr)
         change = flip()
         if stale:
