@@ -127,6 +127,11 @@ def distances(new: ProbeReading, trainer_new: Sequence[float], previous: ProbeRe
 VISIBLE_UPDATE = 0.01
 
 
+def identical(new: ProbeReading, previous: ProbeReading) -> bool:
+    """Whether two readings are the same ids with the same log-probs (what one set of weights gives twice)."""
+    return new.token_ids == previous.token_ids and tuple(new.logprobs) == tuple(previous.logprobs)
+
+
 def judge_swap(new: ProbeReading, trainer_new: Sequence[float], previous: ProbeReading,
                tolerance: float, trainer_previous: Sequence[float] | None = None) -> ProbeVerdict:
     """Verified when the new reading agrees with the trainer within `tolerance` and differs from the previous reading.
@@ -154,9 +159,8 @@ def judge_swap(new: ProbeReading, trainer_new: Sequence[float], previous: ProbeR
     if d.to_new > tolerance:
         reasons.append(f"the served log-probs are {d.to_new:.4g} nats/token from the trainer's for the new version, "
                        f"above the engine gap allowed ({tolerance:g})")
-    same_logprobs = all(a == b for a, b in zip(new.logprobs[:d.shared], previous.logprobs[:d.shared]))
     update = k3(trainer_previous, trainer_new)[0] if trainer_previous is not None else math.inf
-    if d.diverged_at is None and same_logprobs and not update < VISIBLE_UPDATE:
+    if identical(new, previous) and not update < VISIBLE_UPDATE:
         reasons.append("the served log-probs are identical to the previous version's (same tokens, same log-probs): "
                        "the engine still serves the previous weights")
     return ProbeVerdict(not reasons, d, "; and ".join(reasons))

@@ -25,7 +25,14 @@ from typing import Any
 
 from agent.errors import PolicyRateLimited, PolicyTimeout, PolicyUnavailable
 from agent.protocols import ChatMessage, PromptContext, Served
-from learning.swap_probe import ProbeDistances, ProbeReading, SwapNotVerified, describe, judge_swap
+from learning.swap_probe import (
+    ProbeDistances,
+    ProbeReading,
+    SwapNotVerified,
+    describe,
+    identical,
+    judge_swap,
+)
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +182,10 @@ async def verify_swap(
                                    after_swap=True)
         try:
             trainer = await asyncio.to_thread(reference.logprobs, new.adapter, ctx.token_ids, reading.token_ids)
+            # Only identical readings need the trainer's view of the previous version (is the update one an engine
+            # can show?); scoring it every time would load the other model once more per target.
             trainer_prev = await asyncio.to_thread(reference.logprobs, previous.adapter, ctx.token_ids,
-                                                   reading.token_ids)
+                                                   reading.token_ids) if identical(reading, prev) else None
         except Exception as exc:  # noqa: BLE001 - no reference, no verification: the swap fails, saying why
             raise SwapNotVerified(
                 f"the swap to {new.name} is not verified on {target.engine} replica {target.replica}: the trainer "
