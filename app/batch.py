@@ -35,7 +35,7 @@ from agent.accounting import PriceTable, SessionUsage, add_costs, format_cost, u
 from agent.config import FormatLabel, RunOptions
 from agent.errors import InputError
 from agent.run import validate_question
-from app.service import ResearchService, RunFailedError, stage_summary
+from app.service import ResearchService, RunFailedError, citation_counts, stage_summary
 
 INDEX_MD, INDEX_JSON = "index.md", "index.json"
 RECORD_VERSION = 1
@@ -360,6 +360,9 @@ def _write_done(out_dir: Path, item: BatchItem, outcome: Any, options: RunOption
         "citations": [{"id": s.id, "tool": s.tool, "title": s.title, "text": s.text, "url": s.url}
                       for s in report.references],
         "support": report.support.as_dict() if report.support else None,  # each cited claim, checked
+        # `invented_citations` (issue 64): the counts `ask --json` gives, from the same helper, so a batch record
+        # and `ask --json` agree field for field. A record written before this field existed lacks it.
+        **citation_counts(report),
         "stages": stage_summary(outcome.trajectory),
         "tool_calls": len(outcome.trajectory.tool_calls),
         "policy_version": outcome.policy_version,

@@ -49,7 +49,7 @@ from agent.report import Report, stored_report
 from app import events as ev
 from app.container import Services
 from app.hostcheck import MIN_SECRET_CHARS, HostRuleError, host_rule, is_open_host
-from app.service import RunFailedError
+from app.service import RunFailedError, citation_counts
 from store.errors import SessionNotFound
 from store.owner import MCP, acting_as
 from store.people import ScopedStore, Viewer
@@ -140,11 +140,18 @@ def citation_support(report: Report) -> CitationSupport | None:
 class ResearchResult(BaseModel):
     """A finished research session."""
 
+    # Forbid undeclared fields: the citation counts come in as `**citation_counts(report)`, and a count added there
+    # without a field here must fail (a test runs this path) rather than vanish from what MCP callers get.
+    model_config = {"extra": "forbid"}
+
     session_id: str
     report: str = Field(description="The answer as Markdown with [n] markers and a references section.")
     references: list[Reference]
     matched_after_writing: bool = Field(description="The model cited nothing; [n] were matched to passages after.")
     support: CitationSupport | None = Field(default=None, description="Each cited sentence, checked.")
+    invented_citations: int = Field(
+        description="Cited ids no search of the session returned: removed from the report, and each sentence left "
+        "without a citation is marked *(unsupported)*. The same count as `rubricem ask --json`.")
     policy_version: str
     tool_calls: int
 
@@ -449,6 +456,7 @@ def build_server(
         result = ResearchResult(
             session_id=outcome.session_id, report=report.markdown, references=references(report),
             matched_after_writing=report.attributed, support=citation_support(report),
+            **citation_counts(report),  # invented_citations: what `ask --json` and batch records carry, from one place
             policy_version=outcome.policy_version,
             tool_calls=len(outcome.trajectory.tool_calls),
         )

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from agent import telemetry
 from agent.approval import PlanDecision, PlanForApproval
@@ -131,6 +131,22 @@ def stage_summary(traj: Trajectory) -> list[dict[str, Any]]:
             "sampled": any(t.kind == "sampled" for t in turns),
         })
     return out
+
+
+class CitationCounts(TypedDict):
+    """See `citation_counts`. A TypedDict, so `**citation_counts(report)` type-checks field by field."""
+
+    invented_citations: int
+
+
+def citation_counts(report: Report) -> CitationCounts:
+    """The citation counts every output of a finished session carries: `rubricem ask --json`, each batch item's
+    `<id>.json` and the MCP `research` result. They all take them from here, so they agree field for field, and a
+    count added here reaches every one of them (the MCP result's model forbids a field it does not declare, so a new
+    count there fails loudly instead of being dropped)."""
+    # Cited ids no search of this session returned (issue 64): the report removed them and marked each sentence
+    # left without a citation unsupported. Counted once, when the report was built (`agent.report`); never recounted.
+    return CitationCounts(invented_citations=report.unknown_citations)
 
 
 def _metrics(traj: Trajectory, report: Report, seconds: float) -> dict[str, Any]:

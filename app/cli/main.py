@@ -91,7 +91,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 def ask_payload(outcome: ResearchOutcome) -> dict[str, Any]:
     """What `ask --json` writes for a finished session."""
-    from app.service import stage_summary
+    from app.service import citation_counts, stage_summary
 
     report = outcome.report
     return {
@@ -99,8 +99,8 @@ def ask_payload(outcome: ResearchOutcome) -> dict[str, Any]:
         "report": report.markdown,
         "citations": [{"id": s.id, "title": s.title, "text": s.text} for s in report.references],
         "support": report.support.as_dict() if report.support else None,  # each cited claim, checked
-        # cited ids no search of this session returned: removed, their sentences marked unsupported (issue 64)
-        "invented_citations": report.unknown_citations,
+        # `invented_citations` (issue 64), from the one helper batch records and MCP results use too
+        **citation_counts(report),
         "stages": stage_summary(outcome.trajectory),
         "policy_version": outcome.policy_version,
     }

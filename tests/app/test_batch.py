@@ -8,11 +8,13 @@ run: a session then takes ~5 s on an idle 2-core machine, half of what it takes 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,6 +169,10 @@ def test_six_questions_two_bad_give_four_reports_two_failures_and_a_rerun_does_n
         assert record["policy_version"] == "base" and record["seconds"] > 0
         assert [s["stage"] for s in record["stages"]] == ["plan", "research", "review", "answer"]
         assert (out / f"{item_id}.md").read_text() == record["report"].rstrip("\n") + "\n"
+        # the invented ids' count, as `ask --json` gives it (issue 64), agrees with the report's own line
+        invented = record["invented_citations"]
+        assert isinstance(invented, int) and (f"Invented citation ids: {invented} " in record["report"] if invented
+                                              else "Invented citation ids" not in record["report"]), item_id
     for item_id, error in bad_ids.items():
         record = json.loads((out / f"{item_id}.json").read_text())
         assert record["status"] == "failed" and record["error_kind"] == "input" and error in record["error"]
@@ -216,6 +222,46 @@ def test_run_failures_are_retried_on_rerun_and_an_item_format_wins(run_env: dict
     cited = {c["id"] for c in record["citations"]}
     assert all(f"`{cid}`" in record["report"] for cid in cited)
     assert len(_sessions(tmp_path)) == 2
+
+
+def test_a_record_carries_the_citation_counts_of_ask_json_field_for_field(
+    local_tools: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 64: a batch item's record carries `invented_citations`, and every field `ask --json` writes agrees with
+    it. The item runs through `run_batch` and the real service (graph, local search, citation check, session log)
+    with the scripted model of tests/app/test_cli_evidence.py, which cites an id no search returned; the same
+    outcome is then turned into the `ask --json` payload (the service only records what it returns)."""
+    from agent.config import AgentConfig, RunOptions
+    from agent.support import UNSUPPORTED_MARK
+    from app.batch import BatchItem, run_batch
+    from app.cli.main import ask_payload
+    from app.service import ResearchOutcome, ResearchService
+    from store.embeddings import embed_texts
+    from tests.agent.scripts import well_formed
+    from tests.fakes import ScriptedPolicy
+
+    outcomes: list[ResearchOutcome] = []
+
+    class Recording(ResearchService):
+        async def run(self, *args: Any, **kwargs: Any) -> ResearchOutcome:
+            outcome = await super().run(*args, **kwargs)
+            outcomes.append(outcome)
+            return outcome
+
+    svc = Recording(ScriptedPolicy(well_formed(n_calls=1)), local_tools,  # type: ignore[arg-type]
+                    SessionLog(tmp_path / "s.sqlite3"), AgentConfig(), embed=embed_texts)
+    out = tmp_path / "reports"
+    item = BatchItem("haymo", "What language were books translated into in Haymo's era?")
+    summary = asyncio.run(run_batch(svc, [item], out, options=RunOptions(context_tokens=65536, question_first=False)))
+    assert summary.done == 1 and len(outcomes) == 1
+    record = json.loads((out / "haymo.json").read_text())
+    assert record["invented_citations"] == 1  # the script cites "deadbeef-9", which no search returned
+    assert f"an invented claim {UNSUPPORTED_MARK}." in record["report"]
+    payload = json.loads(json.dumps(ask_payload(outcomes[0])))  # as `ask --json` writes it
+    for key, value in payload.items():  # a record's citations also carry the tool and url
+        got = [{k: c[k] for k in ("id", "title", "text")} for c in record["citations"]] if key == "citations" \
+            else record.get(key, "missing")
+        assert got == value, key
 
 
 def test_a_queries_file_is_read_line_by_line_under_its_caps(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 The server is the real command in a subprocess. Over stdio it researches a question on the embedded default (the
 one slow test); over streamable HTTP it is checked with a policy backend that is never called (nothing here samples),
-so the bearer token, `get_session` and `search_bank` are tested without loading the model.
+so the bearer token, `get_session` and `search_bank` are tested without loading the model. The count of invented
+citation ids in `research`'s result is checked on the server built in this process (`build_server`, the SDK's
+in-process client) over the real service with a scripted model that invents one.
 """
 
 from __future__ import annotations
@@ -84,6 +86,10 @@ def test_research_over_stdio_returns_a_report_with_references_on_the_embedded_de
     out = result.structured_content
     assert out is not None and out["session_id"] and out["policy_version"]
     assert out["references"], out["report"]  # numbered references, here matched after writing
+    # the invented ids' count, as `ask --json` gives it (issue 64), agrees with the report's own line
+    invented = out["invented_citations"]
+    assert isinstance(invented, int) and (f"Invented citation ids: {invented} " in out["report"] if invented
+                                          else "Invented citation ids" not in out["report"])
     first = out["references"][0]
     assert first["number"] == 1 and first["tool"] == "local_search" and first["text"]
     assert "[1]" in out["report"] and f"`{first['id']}`" in out["report"]
@@ -97,6 +103,55 @@ def test_research_over_stdio_returns_a_report_with_references_on_the_embedded_de
     assert stored.structured_content["source"] == "api"
     assert stored.structured_content["references"] == out["references"]
     assert stored.structured_content["policy_version"] == out["policy_version"]
+
+
+def test_research_counts_invented_citation_ids_as_ask_json_does(local_tools: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 64: `research`'s structured result carries `invented_citations`, the count `ask --json` gives for the
+    same session (the scripted model of tests/app/test_cli_evidence.py cites an id no search returned)."""
+    from mcp import Client
+
+    from agent.config import AgentConfig, RunOptions
+    from agent.support import UNSUPPORTED_MARK
+    from app.cli.main import ask_payload
+    from app.container import Services
+    from app.mcp_server import build_server
+    from app.service import ResearchOutcome, ResearchService
+    from app.settings import Settings
+    from store.config import StoreConfig
+    from store.embeddings import embed_texts
+    from store.registry import Registry
+    from store.session_log import SessionLog
+    from tests.agent.scripts import well_formed
+    from tests.fakes import ScriptedPolicy
+
+    outcomes: list[ResearchOutcome] = []
+
+    class Recording(ResearchService):
+        async def run(self, *args: Any, **kwargs: Any) -> ResearchOutcome:
+            outcome = await super().run(*args, **kwargs)
+            outcomes.append(outcome)
+            return outcome
+
+    agent = AgentConfig(defaults=RunOptions(context_tokens=65536, question_first=False))  # as test_cli_evidence
+    settings = Settings(agent=agent, store=StoreConfig(data_dir=tmp_path / "data"))
+    log = SessionLog(tmp_path / "s.sqlite3")
+    policy = ScriptedPolicy(well_formed(n_calls=1))
+    research = Recording(policy, local_tools, log, agent, embed=embed_texts)  # type: ignore[arg-type]
+    services = Services(settings, log, None, local_tools, policy, research, None,  # type: ignore[arg-type]
+                        Registry(log))
+
+    async def drive() -> Any:
+        async with Client(build_server(services)) as client:
+            return await client.call_tool(
+                "research", {"question": "What language were books translated into in Haymo's era?"})
+
+    result = asyncio.run(drive())
+    assert not result.is_error, result.content
+    out = result.structured_content
+    assert out is not None and len(outcomes) == 1
+    assert out["invented_citations"] == 1  # the script cites "deadbeef-9", which no search returned
+    assert out["invented_citations"] == ask_payload(outcomes[0])["invented_citations"]
+    assert f"an invented claim {UNSUPPORTED_MARK}." in out["report"] and "Invented citation ids: 1" in out["report"]
 
 
 def test_http_needs_the_token_and_serves_get_session_and_search_bank(tmp_path: Path) -> None:
