@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,63 @@ if TYPE_CHECKING:
 os.environ["HF_HUB_OFFLINE"] = "1"  # hub lookups fail at once instead of timing out (no hub on this network)
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # no fork warnings from the Rust tokenizer in subprocesses
+
+
+# --- CPU threads under pytest-xdist (issue 61) --------------------------------------------------------------------
+# torch (through OpenMP), MKL and OpenBLAS start one thread per usable CPU by default, in every process. Two xdist
+# workers on 2 cores, each running torch work (a training step, embeddings, the UI server it started), then run 4
+# threads on 2 cores, and OpenMP's threads spin at every barrier waiting for peers that are descheduled: a forward
+# becomes many times slower, not 2x (threads.ContentionGuard's docstring has the measurements; the browser test and
+# the learning-curve kill-and-resume test overran their timeouts this way beside the other worker). So each worker
+# gets its share of the CPUs, set in its environment before torch is imported, where the servers and scripts it
+# starts inherit it too (they read OMP_NUM_THREADS at start). One process (no xdist) changes nothing. A count set in
+# the environment by hand wins.
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def xdist_workers() -> int:
+    """How many pytest-xdist workers share this machine, seen from a worker (PYTEST_XDIST_WORKER_COUNT, set by xdist
+    before it imports this file); 1 in a plain run and in xdist's controller."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return 1
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    return max(1, int(count)) if count.isdigit() else 1
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask; as `learning.engines.threads.available_cpus`, without
+    importing it here)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def worker_threads(cpus: int | None = None, workers: int | None = None) -> int:
+    """CPU threads one test process should use: its share of the usable CPUs among the xdist workers (all of them in
+    one process), at least one."""
+    cpus = usable_cpus() if cpus is None else cpus
+    workers = xdist_workers() if workers is None else workers
+    return max(1, cpus // max(1, workers))
+
+
+def share_cpus_among_workers(environ: MutableMapping[str, str] = os.environ) -> int | None:
+    """In an xdist worker: put this worker's thread count in `environ` (unless set already) and in torch if it is
+    imported already; returns the count, None outside xdist (nothing changed)."""
+    if xdist_workers() == 1:
+        return None
+    threads = worker_threads()
+    for name in THREAD_ENV:
+        environ.setdefault(name, str(threads))
+    own = environ["OMP_NUM_THREADS"]
+    threads = int(own) if own.isdigit() and int(own) > 0 else threads
+    torch = sys.modules.get("torch")  # normally not imported yet: then OpenMP reads the variable when it starts
+    if torch is not None and environ is os.environ:
+        torch.set_num_threads(threads)
+    return threads
+
+
+share_cpus_among_workers()
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_CACHE = REPO_ROOT / ".cache" / "models"  # git-ignored; reused across runs so conversion happens once
@@ -96,7 +153,8 @@ _SECONDS: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+    nodeid = plain_nodeid(report.nodeid)  # as tests/seconds.tsv lists it, whichever worker ran it
+    _SECONDS[nodeid] = _SECONDS.get(nodeid, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -133,11 +191,13 @@ def needs_real_vllm(item: pytest.Item, sources: dict[str, bool]) -> bool:
 
 
 # Per-test timeouts (issue 61): a hang fails at its own timeout, named, and the run goes on, instead of eating CI's
-# 90 minutes. Each test gets max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR x its measured seconds) from tests/seconds.tsv; a
-# test not listed there took under 30 s, so the floor is its 3x and more. The floor, not 3x, bounds most tests
-# because the seconds were measured in one process on an idle Intel: two workers share the cores, and an AVX2-only
-# machine ran some parts 2-3x slower. A smaller timeout a test sets for itself stays, and so does the timeout of a test
-# not measured yet.
+# 90 minutes. Each test gets max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR x workers x its measured seconds) from
+# tests/seconds.tsv; a test not listed there took under 30 s, so the floor is its 3x and more. `workers` is the number
+# of pytest-xdist workers (1 in one process): the seconds were measured in one process, where a test could use every
+# core, and under xdist each worker gets only its share of them (`worker_threads`), so a test that kept both cores busy
+# alone may take up to `workers` times as long there without anything being wrong. The floor, not 3x, bounds most
+# tests because the seconds were measured in one process on an idle Intel, and an AVX2-only machine ran some parts
+# 2-3x slower. A smaller timeout a test sets for itself stays, and so does the timeout of a test not measured yet.
 SECONDS_FILE = Path(__file__).with_name("seconds.tsv")
 TIMEOUT_FACTOR = 3.0
 TIMEOUT_FLOOR_S = 240.0
@@ -153,26 +213,73 @@ def measured_seconds(path: Path = SECONDS_FILE) -> dict[str, float]:
     return out
 
 
-def timeout_for(measured: float | None, own: float | None) -> float:
-    """The timeout of a test measured at `measured` seconds (None: not listed) that asks for `own` (None: nothing).
+def timeout_for(measured: float | None, own: float | None, workers: int = 1) -> float:
+    """The timeout of a test measured at `measured` seconds (None: not listed) that asks for `own` (None: nothing),
+    run beside `workers` - 1 other xdist workers.
 
     A listed test gets the rule, or its own timeout where that is smaller. A test not listed yet (new, not measured
     in a whole run) keeps its own timeout where it sets one: its author's estimate until it is measured."""
-    rule = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * (measured or 0.0))
+    rule = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * max(1, workers) * (measured or 0.0))
     if own is None:
         return rule
     return own if measured is None else min(own, rule)
 
 
+def plain_nodeid(nodeid: str) -> str:
+    """`nodeid` without the "@group" suffix xdist's loadgroup adds to a grouped test's id, so that its seconds are
+    recorded under the id tests/seconds.tsv lists (and `timeout_for` looks up)."""
+    suffix = f"@{VLLM_GROUP}"
+    return nodeid[: -len(suffix)] if nodeid.endswith(suffix) else nodeid
+
+
+# The vLLM group, and how it reaches xdist's scheduler (issue 61). `--dist loadgroup` groups nothing by marks: each
+# worker turns a test's `xdist_group` mark into an "@group" suffix of its node id, in its own
+# pytest_collection_modifyitems, and the controller's scheduler reads only those suffixes. Two things broke that here,
+# and the measured two-worker run put vLLM tests on both workers at once against the one shared server (the contract
+# test's base request was batched with the other worker's adapter request, and its first two log-probs moved by up to
+# 1.69 nats; tests/policy/test_vllm_contract.py):
+# * xdist's hook is registered after this file, so it ran before ours and saw none of the marks added here: ours runs
+#   first (tryfirst);
+# * pytest-xdist 3.8.0 writes the suffix to `item._nodeid`, which pytest 9.2 no longer reads (node ids are structured,
+#   `item._id`), so even a mark written in a test module (tests/app/test_policy_server.py) grouped nothing
+#   (pytest-dev/pytest-xdist#1386, unfixed in a release): `pytest_collection_finish` below adds the suffix where xdist
+#   could not, before the worker sends its ids.
+# Running first also means the node ids looked up in tests/seconds.tsv are still the plain ones.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     sources: dict[str, bool] = {}
     seconds = measured_seconds()
+    workers = xdist_workers()
     for item in items:
         if needs_real_vllm(item, sources):
             item.add_marker(pytest.mark.xdist_group(VLLM_GROUP))
         mark = item.get_closest_marker("timeout")
         own = float(mark.args[0]) if mark is not None and mark.args else None
-        item.add_marker(pytest.mark.timeout(timeout_for(seconds.get(item.nodeid), own)), append=False)
+        item.add_marker(pytest.mark.timeout(timeout_for(seconds.get(item.nodeid), own, workers)), append=False)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In an xdist worker under `--dist loadgroup`: give each test with an `xdist_group` mark the "@group" suffix the
+    scheduler groups by, where xdist's own hook could not (see above); before xdist's hook sends the ids (tryfirst)."""
+    if not getattr(session.config.option, "loadgroup", False):  # set by xdist in its workers only
+        return
+    for item in session.items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})  # as xdist names a group
+        if names and not item.nodeid.endswith("@" + "_".join(names)):  # a fixed xdist added it already
+            set_nodeid(item, f"{item.nodeid}@{'_'.join(names)}")
+
+
+def set_nodeid(item: pytest.Item, nodeid: str) -> None:
+    """Give `item` the node id `nodeid` (what xdist's loadgroup does to grouped tests), on pytest 9.2's structured
+    ids and on the plain strings of earlier versions."""
+    if hasattr(item, "_id"):  # pytest >= 9.2: `item.nodeid` is str(item._id)
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(nodeid)
+    else:
+        item._nodeid = nodeid  # type: ignore[attr-defined]
 
 
 def component_seconds(seconds: dict[str, float]) -> list[tuple[str, float]]:
@@ -215,6 +322,39 @@ def embedded_policy(smollm2_dir: Path) -> Iterator[object]:
     client = TransformersPolicyClient(smollm2_dir)
     yield client
     asyncio.run(client.aclose())
+
+
+EMBEDDED_BASE_VERSION = "base"  # TransformersPolicyClient's version without an adapter (the fixture's default)
+
+
+def back_on_base(client: Any) -> str | None:
+    """Put the shared `embedded_policy` back on its base weights; returns what a test had left changed, or None.
+
+    Why: it is one object for the whole run (per xdist worker), and which tests run before a given one differs between
+    one process and two workers, so a test that leaves an adapter loaded would change another test's numbers only in
+    some orders (tests/policy/test_vllm_contract.py compares it with vLLM's base model)."""
+    if getattr(client, "_closed", False):
+        return "closed (it cannot be reopened: every later test that uses it fails)"
+    version = client.policy_version
+    if version != EMBEDDED_BASE_VERSION:
+        client.unload_adapter()  # the untouched base weights again (TransformersPolicyClient.unload_adapter)
+        return f"serving {version!r} instead of the base weights (unloaded again)"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _embedded_policy_left_on_base(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that uses `embedded_policy` (directly or through another fixture): fail it, by name, if it left
+    the shared client changed, and put the base weights back so that the next user does not inherit its adapter."""
+    if "embedded_policy" not in request.fixturenames:
+        yield
+        return
+    client = request.getfixturevalue("embedded_policy")
+    yield
+    left = back_on_base(client)
+    if left is not None:
+        pytest.fail(f"{request.node.nodeid} left the shared embedded_policy {left}; tests must leave it on the base "
+                    "weights (use a TransformersPolicyClient of your own for adapters)", pytrace=False)
 
 
 @pytest.fixture(scope="session")

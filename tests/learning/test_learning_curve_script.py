@@ -19,6 +19,7 @@ from types import ModuleType
 
 import pytest
 
+from tests.conftest import worker_threads
 from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,9 +211,12 @@ def test_commit_outputs_commits_the_report_folder_and_nothing_else(lc: ModuleTyp
 def test_a_run_killed_mid_step_resumes_without_repeating_or_losing_a_step(smollm2_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp")
     out, runs = tmp_path / "out", tmp_path / "runs"
+    # --threads: this worker's share of the CPUs (tests/conftest.py, worker_threads). The script's default is every
+    # CPU, for torch and as a fixed llama.cpp count (fixed: no back-off); beside a second xdist worker that is more
+    # spinning threads than cores, and this test ran past its timeout (issue 61). In one process: every CPU, as before.
     cmd = [sys.executable, str(SCRIPT), "--quick", "--arms", "ss-grpo", "--steps", "2", "--eval-every", "2",
            "--items", "1", "--bank-reflections", "0", "--model-dir", str(smollm2_dir), "--runs", str(runs),
-           "--out", str(out)]
+           "--out", str(out), "--threads", str(worker_threads())]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     log = tmp_path / "first.log"
     with log.open("w") as fh:
