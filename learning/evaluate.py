@@ -25,6 +25,7 @@ from typing import Any
 
 from learning.judge.types import TrajectoryJudge
 from store.records import STAGES, Trajectory
+from store.teams import TEAM_NAME_PATTERN
 
 Probe = Callable[[str, int], Awaitable[Trajectory]]
 """Research one probe question with a given seed on one policy version."""
@@ -112,6 +113,29 @@ def is_gate_reason(reason: str) -> bool:
     """Whether `reason` is one of the gate's own sentences (`decide`, `team_gate`): numbers and fixed words only,
     safe to show to anyone who may see the version. Anything else may name paths or exception text."""
     return _GATE_REASON.fullmatch(reason) is not None
+
+
+# The team gate's refusal to gate a team candidate when no question of the team's own is left in its window (issue 65,
+# finding 4). One template serves the writer (`learning.pipeline`) and the reader (`app.ui.view.rejection_text`, which
+# shows it as it is because it holds fixed words and a team's name only), so a change of wording cannot leave the
+# Learning page hiding the refusal behind the fixed "rejected" sentence, or passing something else as it is.
+_NO_TEAM_QUESTIONS = ("team {team} has no question of its own left in the cycle's window to gate on (its sessions "
+                      "were deleted or opted out of learning since training); a team's version is promoted only when "
+                      "it does at least as well on the team's own questions")
+_NO_TEAM_QUESTIONS_REASON = re.compile(
+    TEAM_NAME_PATTERN.join(re.escape(part) for part in _NO_TEAM_QUESTIONS.split("{team}")))
+
+
+def no_team_questions_reason(team: str) -> str:
+    """The rejection reason of a team candidate with no question of the team's own left to be gated on."""
+    return _NO_TEAM_QUESTIONS.format(team=team)
+
+
+def is_no_team_questions_reason(reason: str) -> bool:
+    """Whether `reason` is exactly `no_team_questions_reason` of a valid team name (`store.teams`): fixed words and
+    the name, nothing a viewer must not see. Kept apart from `is_gate_reason`, which means the gate's numeric
+    sentences."""
+    return _NO_TEAM_QUESTIONS_REASON.fullmatch(reason) is not None
 
 
 async def score_version(version: str, probe: Probe, judge: TrajectoryJudge, questions: Sequence[str],

@@ -39,7 +39,8 @@ from agent.errors import ReplicaError
 from learning.config import RetrainConfig
 from learning.errors import LearningError
 from learning.eval.heldout import heldout_ids, normalize_question
-from learning.evaluate import GateReport, Probe, adapter_problem, decide, score_version, team_gate
+from learning.evaluate import (GateReport, Probe, adapter_problem, decide, no_team_questions_reason,
+                               score_version, team_gate)
 from learning.judge.pipeline import judge_pending
 from learning.judge.types import TrajectoryJudge
 from learning.swap_probe import SwapNotVerified
@@ -192,9 +193,7 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
         current = reg.sessions_in_window(cycle.window_start, cycle.window_end, team=team)  # asked again by the gate
         own = recent_questions(parts.log, current, parts.heldout, len(parts.probe_questions))
     if team is not None and not own:  # the team half of the gate cannot run: never promoted on the global half alone
-        reason = (f"team {team} has no question of its own left in the cycle's window to gate on (its sessions "
-                  "were deleted or opted out of learning since training); a team's version is promoted only when it "
-                  "does at least as well on the team's own questions")
+        reason = no_team_questions_reason(team)  # the UI recognises it by the same template (`learning.evaluate`)
         reg.reject(candidate.name, reason)
         done = reg.finish_cycle(cycle.cycle_id, "rejected", numbers={"reason": reason})
         return CycleResult(done, candidate.name, None, f"{candidate.name} rejected: {reason}")

@@ -21,7 +21,10 @@ from store.session_log import SessionLog
 from store.users import UnknownUser, check_user_id
 
 MAX_TEAM_NAME = 40
-_TEAM_NAME = re.compile(rf"^[a-z0-9][a-z0-9_-]{{0,{MAX_TEAM_NAME - 1}}}$")
+# A team name as a regex fragment, unanchored: the one rule for names, which `learning.evaluate` also uses to
+# recognise the team gate's refusal (a sentence holding a team's name) without restating the rule.
+TEAM_NAME_PATTERN = rf"[a-z0-9][a-z0-9_-]{{0,{MAX_TEAM_NAME - 1}}}"
+_TEAM_NAME = re.compile(rf"^{TEAM_NAME_PATTERN}$")
 
 
 class TeamError(StoreError):
@@ -175,4 +178,4 @@ class Teams:
         return None if row is None or row[0] is None else str(row[0])
 
 
-__all__ = ["MAX_TEAM_NAME", "TeamError", "TeamRecord", "Teams", "UnknownTeam", "check_team_name"]
+__all__ = ["MAX_TEAM_NAME", "TEAM_NAME_PATTERN", "TeamError", "TeamRecord", "Teams", "UnknownTeam", "check_team_name"]

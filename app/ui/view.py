@@ -19,7 +19,7 @@ from agent.report import Report, stored_report
 from agent.support import STATUS_WORDS, support_sentence
 from app import events as ev
 from app.export import answer_html, web_url
-from learning.evaluate import is_gate_reason, rejection_reference
+from learning.evaluate import is_gate_reason, is_no_team_questions_reason, rejection_reference
 from learning.judge.offline import plan_checklist
 from store.records import STAGES, SessionRecord, Snippet
 
@@ -262,15 +262,6 @@ def version_reason(status: str, version: str, reason: str | None, *, admin: bool
     return reason or ""
 
 
-# A team candidate rejected because the team half of its gate had no question of the team's own left to ask
-# (`learning.pipeline`, issue 65, finding 4): the team gate's own fixed words and the team's name (a-z, 0-9, - and _,
-# `store.teams`), like the gate's numeric sentences; only the team's own people and admins see its versions and cycles.
-_TEAM_GATE_REFUSAL = re.compile(
-    r"team [a-z0-9][a-z0-9_-]{0,39} has no question of its own left in the cycle's window to gate on \(its sessions "
-    r"were deleted or opted out of learning since training\); a team's version is promoted only when it does at least "
-    r"as well on the team's own questions")
-
-
 def rejection_text(reason: str | None, fallback: str, *, admin: bool) -> str:
     """Why a candidate was rejected, for this viewer (issue 65, finding 13).
 
@@ -282,7 +273,10 @@ def rejection_text(reason: str | None, fallback: str, *, admin: bool) -> str:
     shows).
     """
     text = reason or ""
-    if admin or not text or is_gate_reason(text) or _TEAM_GATE_REFUSAL.fullmatch(text):
+    # The team gate's refusal (`is_no_team_questions_reason`, the template `learning.pipeline` writes it from) is
+    # fixed words and the team's name, like the gate's numeric sentences; only the team's own people and admins
+    # see its versions and cycles.
+    if admin or not text or is_gate_reason(text) or is_no_team_questions_reason(text):
         return text
     ref = rejection_reference(text) or re.sub(r"[^A-Za-z0-9_@: -]", "", fallback)
     return f"The candidate was rejected (error reference: {ref}; the details are in the retraining log)."

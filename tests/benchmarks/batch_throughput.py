@@ -6,6 +6,10 @@ skipped), after one untimed warm-up session (server prefix cache, embedding mode
 short completion request 4 times one after another and 4 times at once: equal wall times mean the server answers one
 request at a time (llama-cpp-python's server holds one lock around its single model; it has no parallel slots).
 
+llama.cpp's libraries are checked against their recorded digests before the server starts (issue 65), as the tests'
+`llamacpp_server` fixture does: a library that fails is not loaded, and the benchmark exits 2 naming the file and the
+command that installs the libraries again.
+
     .venv/bin/python tests/benchmarks/batch_throughput.py [--questions 8] [--concurrency 1,4,16]
         [--max-tool-calls 1] [--server-cache] [--out throughput.json]
 """
@@ -30,6 +34,7 @@ from agent.config import RunOptions, StageTokenCaps
 from app.batch import BatchItem, run_batch
 from app.container import build
 from app.settings import Settings
+from learning.engines.llamacpp_build import LibraryRefused, verify_installed
 from learning.engines.weights import bundled_gguf_path
 from tests.servers import free_port, server_process
 
@@ -105,6 +110,15 @@ def main() -> int:
     caps = StageTokenCaps(plan=16, research=24, review=16, answer=16)  # the smallest that still finish a run
     options = RunOptions(max_tool_calls=args.max_tool_calls, token_caps=caps, temperature=0.7,
                          context_tokens=4096)
+    # The server runs sys.executable in this environment, so it loads llama.cpp from the folder `verify_installed`
+    # checks by default (LLAMA_CPP_LIB_PATH or llama-cpp-python's `lib`). Check it against the recorded digests before
+    # the server starts, as every load path of the project does (issue 65), so a library that fails is never loaded.
+    # The project's own check, not a copy: LibraryRefused already names the file, why, and the rebuild command.
+    try:
+        verify_installed()
+    except LibraryRefused as exc:
+        print(f"the llama.cpp server is not started: {exc}", file=sys.stderr)
+        return 2
     results: dict[str, Any] = {"questions": len(questions), "max_tool_calls": args.max_tool_calls,
                                "token_caps": caps.model_dump(), "server_cache": args.server_cache, "levels": []}
     with tempfile.TemporaryDirectory(prefix="batch-bench-") as tmp:
