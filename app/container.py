@@ -99,6 +99,20 @@ def build_policy(settings: Settings, say: Say = lambda _m: None) -> PolicyClient
                                     threads=cfg.embedded_threads or None, compile=cfg.embedded_compile)
 
 
+def llamacpp_installed() -> bool:
+    """Whether llama-cpp-python is installed, found without importing it (issue 65).
+
+    `import llama_cpp` loads libllama at once (its module calls `load_shared_library` on import), so asking "is it
+    there?" by importing would load the library before `LlamaCppEngine` checks it against its recorded digest
+    (`llamacpp_build.verify_installed`); a spec lookup reads only the package's location."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("llama_cpp") is not None
+    except (ImportError, ValueError):  # a broken or half-removed install: treated as absent, and said so
+        return False
+
+
 def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, version: str,
                      say: Say) -> PolicyClient | None:
     """The embedded policy with llama.cpp decoding (`learning.engines.llamacpp_engine`): the tokenizer from
@@ -120,10 +134,8 @@ def _llamacpp_policy(settings: Settings, model_dir: Path, adapter: Path | None, 
 
     from learning.engines.weights import bundled_source
 
-    try:
-        import llama_cpp  # noqa: F401 - only whether it is installed
-    except ImportError as exc:
-        unavailable(f"llama-cpp-python is not installed ({exc}); run `make install` (the [llamacpp] extra), or "
+    if not llamacpp_installed():
+        unavailable("llama-cpp-python is not installed; run `make install` (the [llamacpp] extra), or "
                     "set RUBRICEM_AGENT__EMBEDDED_ENGINE=torch")
         return None
     from learning.engines.llamacpp_engine import EmbeddedLlamaCppClient

@@ -126,6 +126,19 @@ def test_a_library_changed_after_it_was_installed_is_not_loaded_and_the_error_na
     assert "-m learning.engines.llamacpp_build --cache" in out  # the command that installs it again
 
 
+INSTALLED_CHECK = "from app.container import llamacpp_installed\nprint('installed', llamacpp_installed())\n"
+
+
+def test_asking_whether_llamacpp_is_installed_loads_no_library(tmp_path: Path, library: bytes) -> None:
+    """The container asks whether llama-cpp-python is there before it builds the engine, which checks the digests:
+    the question itself must not load libllama (`import llama_cpp` would, at import)."""
+    lib = installed(tmp_path, library)
+    change_a_byte(lib / "libllama.so.0.5.0")  # a library that would be refused, had the engine been asked
+    out, loaded = load_in_child(lib, INSTALLED_CHECK, tmp_path / "asked.log")
+    assert "installed True" in out, out
+    assert loaded == [], f"asking whether llama-cpp-python is installed loaded a library: {out}"
+
+
 def test_a_cpu_variant_changed_after_it_was_installed_is_not_loaded(tmp_path: Path, library: bytes) -> None:
     lib = installed(tmp_path, library)
     out, loaded = load_in_child(lib, CPU_BACKEND, tmp_path / "intact.log")
