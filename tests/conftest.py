@@ -236,8 +236,8 @@ def plain_nodeid(nodeid: str) -> str:
 # worker turns a test's `xdist_group` mark into an "@group" suffix of its node id, in its own
 # pytest_collection_modifyitems, and the controller's scheduler reads only those suffixes. Two things broke that here,
 # and the measured two-worker run put vLLM tests on both workers at once against the one shared server (the contract
-# test's base request was batched with the other worker's adapter request, and its first two log-probs moved by up to
-# 1.69 nats; tests/policy/test_vllm_contract.py):
+# test's first two log-probs moved by up to 1.69 nats while the other worker ran the adapter test;
+# tests/policy/test_vllm_contract.py):
 # * xdist's hook is registered after this file, so it ran before ours and saw none of the marks added here: ours runs
 #   first (tryfirst);
 # * pytest-xdist 3.8.0 writes the suffix to `item._nodeid`, which pytest 9.2 no longer reads (node ids are structured,
