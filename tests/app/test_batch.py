@@ -235,29 +235,21 @@ def test_a_record_carries_the_citation_counts_of_ask_json_field_for_field(
     from agent.support import UNSUPPORTED_MARK
     from app.batch import BatchItem, run_batch
     from app.cli.main import ask_payload
-    from app.service import ResearchOutcome, ResearchService
     from store.embeddings import embed_texts
     from tests.agent.scripts import well_formed
+    from tests.app.recording import RecordingService
     from tests.fakes import ScriptedPolicy
 
-    outcomes: list[ResearchOutcome] = []
-
-    class Recording(ResearchService):
-        async def run(self, *args: Any, **kwargs: Any) -> ResearchOutcome:
-            outcome = await super().run(*args, **kwargs)
-            outcomes.append(outcome)
-            return outcome
-
-    svc = Recording(ScriptedPolicy(well_formed(n_calls=1)), local_tools,  # type: ignore[arg-type]
-                    SessionLog(tmp_path / "s.sqlite3"), AgentConfig(), embed=embed_texts)
+    svc = RecordingService(ScriptedPolicy(well_formed(n_calls=1)), local_tools,  # type: ignore[arg-type]
+                           SessionLog(tmp_path / "s.sqlite3"), AgentConfig(), embed=embed_texts)
     out = tmp_path / "reports"
     item = BatchItem("haymo", "What language were books translated into in Haymo's era?")
     summary = asyncio.run(run_batch(svc, [item], out, options=RunOptions(context_tokens=65536, question_first=False)))
-    assert summary.done == 1 and len(outcomes) == 1
+    assert summary.done == 1 and len(svc.outcomes) == 1
     record = json.loads((out / "haymo.json").read_text())
     assert record["invented_citations"] == 1  # the script cites "deadbeef-9", which no search returned
     assert f"an invented claim {UNSUPPORTED_MARK}." in record["report"]
-    payload = json.loads(json.dumps(ask_payload(outcomes[0])))  # as `ask --json` writes it
+    payload = json.loads(json.dumps(ask_payload(svc.outcomes[0])))  # as `ask --json` writes it
     for key, value in payload.items():  # a record's citations also carry the tool and url
         got = [{k: c[k] for k in ("id", "title", "text")} for c in record["citations"]] if key == "citations" \
             else record.get(key, "missing")

@@ -115,28 +115,20 @@ def test_research_counts_invented_citation_ids_as_ask_json_does(local_tools: dic
     from app.cli.main import ask_payload
     from app.container import Services
     from app.mcp_server import build_server
-    from app.service import ResearchOutcome, ResearchService
     from app.settings import Settings
     from store.config import StoreConfig
     from store.embeddings import embed_texts
     from store.registry import Registry
     from store.session_log import SessionLog
     from tests.agent.scripts import well_formed
+    from tests.app.recording import RecordingService
     from tests.fakes import ScriptedPolicy
-
-    outcomes: list[ResearchOutcome] = []
-
-    class Recording(ResearchService):
-        async def run(self, *args: Any, **kwargs: Any) -> ResearchOutcome:
-            outcome = await super().run(*args, **kwargs)
-            outcomes.append(outcome)
-            return outcome
 
     agent = AgentConfig(defaults=RunOptions(context_tokens=65536, question_first=False))  # as test_cli_evidence
     settings = Settings(agent=agent, store=StoreConfig(data_dir=tmp_path / "data"))
     log = SessionLog(tmp_path / "s.sqlite3")
     policy = ScriptedPolicy(well_formed(n_calls=1))
-    research = Recording(policy, local_tools, log, agent, embed=embed_texts)  # type: ignore[arg-type]
+    research = RecordingService(policy, local_tools, log, agent, embed=embed_texts)  # type: ignore[arg-type]
     services = Services(settings, log, None, local_tools, policy, research, None,  # type: ignore[arg-type]
                         Registry(log))
 
@@ -148,9 +140,9 @@ def test_research_counts_invented_citation_ids_as_ask_json_does(local_tools: dic
     result = asyncio.run(drive())
     assert not result.is_error, result.content
     out = result.structured_content
-    assert out is not None and len(outcomes) == 1
+    assert out is not None and len(research.outcomes) == 1
     assert out["invented_citations"] == 1  # the script cites "deadbeef-9", which no search returned
-    assert out["invented_citations"] == ask_payload(outcomes[0])["invented_citations"]
+    assert out["invented_citations"] == ask_payload(research.outcomes[0])["invented_citations"]
     assert f"an invented claim {UNSUPPORTED_MARK}." in out["report"] and "Invented citation ids: 1" in out["report"]
 
 
