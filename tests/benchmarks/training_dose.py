@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from learning_check import DEFAULT_MODEL, offline_settings  # noqa: E402
 from learning_curve import (  # noqa: E402
+    COMMIT,
     PROTOCOL_V2,
     SFT_ADAPTER,
     HeldoutEvaluator,
@@ -59,6 +60,12 @@ from learning.eval.memory_stats import PRIMARY, SECONDARY, analyse  # noqa: E402
 from learning.train_config import TrainConfig, load_config  # noqa: E402
 
 OUT = ROOT / "docs" / "learning" / "training"
+# Amendment 1 (PREREGISTRATION.md): every unit runs with the product code of this commit, the code of the start it is
+# compared with (the memory study's bank-off samples); later report code moves citation precision (issue 64).
+DOSE_CODE = "9ccac4f"
+DOSE_RUN = ("git worktree add --detach /tmp/confirm-code 9ccac4f; cd /tmp/confirm-code && /work/main/.venv/bin/python "
+            "tests/benchmarks/training_dose.py --out <this repository>/docs/learning/training --runs "
+            "<this repository>/.cache/training_dose --commit")
 RUNS = ROOT / ".cache" / "training_dose"
 MEMORY = ROOT / "docs" / "learning" / "memory"  # the start's held-out samples (the memory study's bank off)
 UNITS_OF_TRAINING = 6
@@ -182,9 +189,11 @@ def report(items: Sequence[HeldoutItem]) -> dict[str, Any]:
         heldout["means"] = {{"off": "start", "b": "end"}[c]: v for c, v in heldout["means"].items()}
         for t in heldout["tests"]:
             t["comparison"] = "end - start"
+    units = json_lines(OUT / "units.jsonl")
+    off_code = [u["unit"] for u in units if u.get("commit") != DOSE_CODE]  # against amendment 1: named, not hidden
     out = {"dose": DOSE | {"steps": len(rows), "units": len(rows) // STEPS_PER_UNIT,
                            "rollouts_total": sum(len(x) for r in rows for x in r.get("reward/rollout_totals") or [])},
-           "control": control, "heldout": heldout, "units": json_lines(OUT / "units.jsonl"),
+           "control": control, "heldout": heldout, "units": units, "units_off_code": off_code,
            "metrics": {"primary": list(PRIMARY), "secondary": list(SECONDARY)}}
     write_atomic(OUT / "results.json", json.dumps(out, indent=1, default=float))
     write_atomic(OUT / "summary.md", summary_md(out))
@@ -196,6 +205,8 @@ def summary_md(r: Mapping[str, Any]) -> str:
     lines = ["# A training dose that moves the policy: results as they stand", "",
              "Written by `tests/benchmarks/training_dose.py --report-only`; the analysis is the one pre-registered in "
              "[PREREGISTRATION.md](PREREGISTRATION.md).", "",
+             *([f"**Units run with other code than `{DOSE_CODE}` (amendment 1): {', '.join(r['units_off_code'])}.**",
+                ""] if r.get("units_off_code") else []),
              f"Dose so far: {d['steps']} steps of {d['batch_questions']} questions x {d['rollouts']} rollouts "
              f"({d['rollouts_total']} rollouts), lr {d['lr']}, KL beta {d['beta']}, final KL "
              f"{c['kl_last']:.4f} per token (engine gap {c['engine_gap']:.4f}).", "",
@@ -281,6 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.smoke and a.out == OUT:
         p.error("--smoke changes the design: give a --out of its own")
     OUT, RUNS = a.out, a.runs
+    if not (a.report_only or a.smoke) and COMMIT != DOSE_CODE:
+        p.error(f"the run's units use the product code of commit {DOSE_CODE}, not {COMMIT} "
+                f"(PREREGISTRATION.md, amendment 1): {DOSE_RUN}")
     if a.smoke:  # two units of one step, then one sample of two held-out questions: every path, in minutes
         global STEPS_PER_UNIT, UNITS_OF_TRAINING, SMOKE_ITEMS
         STEPS_PER_UNIT, UNITS_OF_TRAINING, SMOKE_ITEMS = 1, 2, 2
