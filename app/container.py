@@ -104,7 +104,8 @@ def llamacpp_installed() -> bool:
 
     `import llama_cpp` loads libllama at once (its module calls `load_shared_library` on import), so asking "is it
     there?" by importing would load the library before `LlamaCppEngine` checks it against its recorded digest
-    (`llamacpp_build.verify_installed`); a spec lookup reads only the package's location."""
+    (`llamacpp_build.verify_installed`); a spec lookup reads only the package's location. A package that is there but
+    does not import fails where the engine first imports it, as PolicyUnavailable naming the import error."""
     import importlib.util
 
     try:

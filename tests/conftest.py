@@ -34,7 +34,10 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"  # no fork warnings from the Rust
 # gets its share of the CPUs, set in its environment before torch is imported, where the servers and scripts it
 # starts inherit it too (they read OMP_NUM_THREADS at start). One process (no xdist) changes nothing. A count set in
 # the environment by hand wins.
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# The last one is rubricem's own setting: the embedded engines measure a thread plan over every usable CPU
+# (`learning.engines.threads`) and set torch's count per request whatever OMP_NUM_THREADS says, so the setting pins it
+# for the CLI, UI server and scripts a test starts (the `embedded_policy` fixture passes the same count).
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RUBRICEM_AGENT__EMBEDDED_THREADS")
 
 
 def xdist_workers() -> int:
@@ -319,7 +322,8 @@ def embedded_policy(smollm2_dir: Path) -> Iterator[object]:
     """
     from learning.engines.local_policy import TransformersPolicyClient
 
-    client = TransformersPolicyClient(smollm2_dir)
+    # under xdist, this worker's share of the CPUs (its own measured plan would take them all; see THREAD_ENV)
+    client = TransformersPolicyClient(smollm2_dir, threads=worker_threads() if xdist_workers() > 1 else None)
     yield client
     asyncio.run(client.aclose())
 

@@ -90,7 +90,12 @@ class LlamaCppEngine:
             verify_installed()
         except LibraryRefused as exc:
             raise PolicyUnavailable(str(exc)) from exc
-        import llama_cpp.llama_cpp as lc
+        try:  # the first import of llama_cpp in the process (the container only looks its package up, issue 65)
+            import llama_cpp.llama_cpp as lc
+        except (ImportError, OSError, AttributeError) as exc:  # a missing dependency; a library that does not load, or
+            # loads without the llama_* symbols this llama-cpp-python binds (ctypes raises AttributeError for those)
+            raise PolicyUnavailable(f"llama-cpp-python is installed but does not import ({exc}); run `make install` "
+                                    "again, or set RUBRICEM_AGENT__EMBEDDED_ENGINE=torch") from exc
         import numpy as np
 
         self._lc, self._np = lc, np

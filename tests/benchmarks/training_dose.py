@@ -174,6 +174,12 @@ async def run_eval_unit(settings_for: Any, k: int, items: Sequence[HeldoutItem],
     shutil.copyfile(path, OUT / "samples" / f"eval-s{k}.jsonl")
 
 
+def pinned(commit: str | None) -> bool:
+    """Whether `commit` (a unit row's `git describe --always --dirty`) is DOSE_CODE with no local change: git may
+    print a longer abbreviation as the repository grows, never a shorter one."""
+    return bool(commit) and not str(commit).endswith("-dirty") and str(commit).startswith(DOSE_CODE)
+
+
 def report(items: Sequence[HeldoutItem]) -> dict[str, Any]:
     rows = sorted((r for k in range(UNITS_OF_TRAINING) for r in json_lines(OUT / "train" / f"u{k}.jsonl")),
                   key=lambda r: r["global_step"])
@@ -190,7 +196,7 @@ def report(items: Sequence[HeldoutItem]) -> dict[str, Any]:
         for t in heldout["tests"]:
             t["comparison"] = "end - start"
     units = json_lines(OUT / "units.jsonl")
-    off_code = [u["unit"] for u in units if u.get("commit") != DOSE_CODE]  # against amendment 1: named, not hidden
+    off_code = [u["unit"] for u in units if not pinned(u.get("commit"))]  # against amendment 1: named, not hidden
     out = {"dose": DOSE | {"steps": len(rows), "units": len(rows) // STEPS_PER_UNIT,
                            "rollouts_total": sum(len(x) for r in rows for x in r.get("reward/rollout_totals") or [])},
            "control": control, "heldout": heldout, "units": units, "units_off_code": off_code,
@@ -292,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.smoke and a.out == OUT:
         p.error("--smoke changes the design: give a --out of its own")
     OUT, RUNS = a.out, a.runs
-    if not (a.report_only or a.smoke) and COMMIT != DOSE_CODE:
+    if not (a.report_only or a.smoke) and not pinned(COMMIT):
         p.error(f"the run's units use the product code of commit {DOSE_CODE}, not {COMMIT} "
                 f"(PREREGISTRATION.md, amendment 1): {DOSE_RUN}")
     if a.smoke:  # two units of one step, then one sample of two held-out questions: every path, in minutes

@@ -119,6 +119,8 @@ def test_a_library_changed_after_it_was_installed_is_not_loaded_and_the_error_na
     lib = installed(tmp_path, library)
     out, loaded = load_in_child(lib, ENGINE, tmp_path / "intact.log")
     assert loaded == [TAG.decode()], f"the intact, private build should load: {out}"
+    # it passes its digest, and is no llama.cpp (no llama_* symbols): the import fails, said as the engine's error
+    assert "PolicyUnavailable: llama-cpp-python is installed but does not import" in out, out
     change_a_byte(lib / "libllama.so.0.5.0")
     out, loaded = load_in_child(lib, ENGINE, tmp_path / "changed.log")
     assert loaded == [], f"a library that no longer matches its digest was loaded: {out}"
