@@ -94,7 +94,14 @@ def main() -> int:
         for isa_env in ({}, AVX2_ONLY):
             for dtype in ("bfloat16", "float32"):
                 say(f"{dtype}, {'avx2' if isa_env else 'native'}: starting")
-                row = measure(model_dir, dtype, isa_env, args, Path(tmp) / f"{dtype}-{len(isa_env)}.log")
+                log = Path(tmp) / f"{dtype}-{len(isa_env)}.log"
+                try:
+                    row = measure(model_dir, dtype, isa_env, args, log)
+                except Exception as exc:  # noqa: BLE001 - a configuration that cannot serve is a result, not the end
+                    lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.is_file() else []
+                    cause = [ln for ln in lines if "Error" in ln or "error" in ln][-3:]
+                    row = {"dtype": dtype, "isa": "avx2" if isa_env else "native", "error": str(exc)[:300],
+                           "server_log": [ln[-300:] for ln in cause]}
                 say(f"  {row}")
                 results["rows"].append(row)
     text = json.dumps(results, indent=2)
