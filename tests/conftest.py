@@ -34,6 +34,8 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"  # no fork warnings from the Rust
 # gets its share of the CPUs, set in its environment before torch is imported, where the servers and scripts it
 # starts inherit it too (they read OMP_NUM_THREADS at start). One process (no xdist) changes nothing. A count set in
 # the environment by hand wins.
+from learning.engines.threads import available_cpus  # noqa: E402 - stdlib only, no torch
+
 # The last one is rubricem's own setting: the embedded engines measure a thread plan over every usable CPU
 # (`learning.engines.threads`) and set torch's count per request whatever OMP_NUM_THREADS says, so the setting pins it
 # for the CLI, UI server and scripts a test starts (the `embedded_policy` fixture passes the same count).
@@ -49,19 +51,10 @@ def xdist_workers() -> int:
     return max(1, int(count)) if count.isdigit() else 1
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask; as `learning.engines.threads.available_cpus`, without
-    importing it here)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 def worker_threads(cpus: int | None = None, workers: int | None = None) -> int:
     """CPU threads one test process should use: its share of the usable CPUs among the xdist workers (all of them in
     one process), at least one."""
-    cpus = usable_cpus() if cpus is None else cpus
+    cpus = available_cpus() if cpus is None else cpus
     workers = xdist_workers() if workers is None else workers
     return max(1, cpus // max(1, workers))
 

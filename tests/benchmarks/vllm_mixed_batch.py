@@ -33,7 +33,6 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,7 @@ from app.policy_server import LocalVLLMServer, VLLMServerSpec, serving_dtype  # 
 from learning.engines.llamacpp_build import cpu_flags  # noqa: E402
 from learning.engines.threads import cpu_model  # noqa: E402
 from learning.engines.weights import ensure_converted  # noqa: E402
+from tests.benchmarks.vllm_engine import say  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
 MODEL_CACHE = ROOT / ".cache" / "models"
@@ -56,10 +56,6 @@ PROMPTS = {  # two different prompts, so the two requests never share a prefix c
     "policy": "Write a long, detailed essay about the history of the printing press in Europe.",
     "sft": "Explain step by step how a bill becomes a law in the United States Congress.",
 }
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 async def rendered(client: httpx.AsyncClient, text: str) -> list[int]:

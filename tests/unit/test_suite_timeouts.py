@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from learning.engines.threads import available_cpus
 from tests.conftest import (
     SECONDS_FILE,
     THREAD_ENV,
@@ -21,7 +22,6 @@ from tests.conftest import (
     plain_nodeid,
     share_cpus_among_workers,
     timeout_for,
-    usable_cpus,
     worker_threads,
 )
 from tests.servers import PORT_BLOCK_SIZE, PORT_BLOCK_START, free_port, worker_index
@@ -171,7 +171,7 @@ def test_two_workers_run_every_vllm_test_on_one_of_them_and_share_the_cpus(tmp_p
     grouped = {ran[n][0] for n in ("named[a@b]", "named[c]", "named_too", "marked")}
     assert len(grouped) == 1, ran  # one worker ran the whole group
     assert {w for w, _ in ran.values()} == {"gw0", "gw1"}, ran  # and the run really was spread over two
-    assert {t for _, t in ran.values()} == {str(worker_threads(usable_cpus(), 2))}, ran
+    assert {t for _, t in ran.values()} == {str(worker_threads(available_cpus(), 2))}, ran
     assert "test_named.py::test_named[a@b]@vllm" in result.stdout  # the suffix xdist's scheduler groups by
 
 
@@ -185,7 +185,7 @@ def test_each_worker_gets_its_share_of_the_cpus_and_one_process_all_of_them(monk
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
     share_cpus_among_workers(env)
-    assert env == {name: str(worker_threads(usable_cpus(), 2)) for name in THREAD_ENV}
+    assert env == {name: str(worker_threads(available_cpus(), 2)) for name in THREAD_ENV}
     mine = {"OMP_NUM_THREADS": "3"}
     assert share_cpus_among_workers(mine) == 3 and mine["OMP_NUM_THREADS"] == "3"  # a count set by hand wins
 
