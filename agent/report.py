@@ -65,7 +65,8 @@ def build_report(traj: Trajectory) -> Report:
     found = bool(body)
     if not found:
         body = "_The model produced no answer text._"
-    return Report(_markdown(traj, body, refs, attributed=False, invented=unknown), body, refs, unknown, found)
+    return Report(_markdown(traj, body, refs, attributed=False, invented=unknown, answered=found), body, refs,
+                  unknown, found)
 
 
 def _markers(raw: str, known: Mapping[str, Snippet], order: list[str]) -> tuple[str, int]:
@@ -98,14 +99,16 @@ def verify_report(report: Report, traj: Trajectory, embed: Embed) -> Report:
     refs = tuple(traj.snippets[i] for i in fixed.order)
     changed = fixed.body != report.body or fixed.order != tuple(s.id for s in report.references)
     raw = report.body if changed else ""  # its [n] numbered the old references: each claim's `cited` names them
-    markdown = _markdown(traj, fixed.body, refs, report.attributed, fixed.check, report.unknown_citations)
+    markdown = _markdown(traj, fixed.body, refs, report.attributed, fixed.check, report.unknown_citations,
+                         answered=report.answer_found)
     return replace(report, markdown=markdown, body=fixed.body, references=refs, support=fixed.check, raw_body=raw)
 
 
 def unverified_report(report: Report, traj: Trajectory, reason: str) -> Report:
     """The report as written, saying its citations could not be checked (the scorer was unavailable) and why."""
     check = SupportCheck((), verified=False, note=reason)
-    markdown = _markdown(traj, report.body, report.references, report.attributed, check, report.unknown_citations)
+    markdown = _markdown(traj, report.body, report.references, report.attributed, check, report.unknown_citations,
+                         answered=report.answer_found)
     return replace(report, markdown=markdown, support=check)
 
 
@@ -113,17 +116,24 @@ NO_PASSAGES = ("No evidence was found: no search in this session returned a pass
                "rests on a source.")
 NOTHING_SUPPORTED = ("No evidence was found for this answer: no passage this session retrieved supports any of its "
                      f"cited sentences, and each is marked {UNSUPPORTED_MARK}.")
+NOTHING_CITED = ("No evidence is cited for this answer: it cites no source, so none of its sentences is tied to a "
+                 "passage this session retrieved.")
 
 
-def evidence_sentence(retrieved: bool, refs: tuple[Snippet, ...], support: SupportCheck | None,
-                      invented: int) -> str | None:
-    """One plain sentence when no evidence stands behind the answer (issue 64), else None: nothing was retrieved, or
-    the answer cited and not one of its citations is left (each was invented or failed the check). An answer that
-    cites nothing is not judged here: its sources are listed as consulted."""
+def evidence_sentence(retrieved: bool, refs: tuple[Snippet, ...], support: SupportCheck | None, invented: int, *,
+                      answered: bool) -> str | None:
+    """One plain sentence when no evidence stands behind the answer (issue 64), else None: nothing was retrieved;
+    the answer cited and not one of its citations is left (each was invented or failed the check); or the answer
+    cites nothing at all and no passage was matched to it after writing (its sources are listed as consulted, not
+    as cited). A session with no answer text gets none of the last two: the report already says there is none."""
     if not retrieved:
         return NO_PASSAGES
+    if refs:
+        return None
     checked = support is not None and support.verified and bool(support.claims)
-    return NOTHING_SUPPORTED if not refs and (invented or checked) else None
+    if invented or checked:
+        return NOTHING_SUPPORTED
+    return NOTHING_CITED if answered else None
 
 
 def invented_sentence(invented: int) -> str | None:
@@ -134,11 +144,12 @@ def invented_sentence(invented: int) -> str | None:
             f"sentence left with no other citation is marked {UNSUPPORTED_MARK}.")
 
 
-def _notes(traj: Trajectory, refs: tuple[Snippet, ...], support: SupportCheck | None, invented: int) -> list[str]:
+def _notes(traj: Trajectory, refs: tuple[Snippet, ...], support: SupportCheck | None, invented: int,
+           answered: bool) -> list[str]:
     """The lines under the answer: the missing evidence (bold: it changes how the whole answer reads), then the
     citation check and the invented ids."""
     lines: list[str] = []
-    if missing := evidence_sentence(bool(traj.snippets), refs, support, invented):
+    if missing := evidence_sentence(bool(traj.snippets), refs, support, invented, answered=answered):
         lines += [f"**{missing}**", ""]
     for sentence in (support_sentence(support) if support is not None else None, invented_sentence(invented)):
         lines += [f"_{sentence}_", ""] if sentence else []
@@ -146,8 +157,9 @@ def _notes(traj: Trajectory, refs: tuple[Snippet, ...], support: SupportCheck | 
 
 
 def _markdown(traj: Trajectory, body: str, refs: tuple[Snippet, ...], attributed: bool,
-              support: SupportCheck | None = None, invented: int = 0) -> str:
-    lines = [f"# {_one_line(typed_question(traj.question))}", "", body, "", *_notes(traj, refs, support, invented)]
+              support: SupportCheck | None = None, invented: int = 0, *, answered: bool) -> str:
+    lines = [f"# {_one_line(typed_question(traj.question))}", "", body, "",
+             *_notes(traj, refs, support, invented, answered)]
     known = traj.snippets
     if refs:
         lines += ["## References", ""]
@@ -198,8 +210,8 @@ def attribute_report(report: Report, traj: Trajectory, embed: Embed,
         return report
     body = "\n\n".join("".join(parts) for parts in pieces)
     refs = tuple(traj.snippets[pid] for pid in order)
-    return replace(report, markdown=_markdown(traj, body, refs, True, invented=report.unknown_citations), body=body,
-                   references=refs, attributed=True)
+    markdown = _markdown(traj, body, refs, True, invented=report.unknown_citations, answered=report.answer_found)
+    return replace(report, markdown=markdown, body=body, references=refs, attributed=True)
 
 
 def report_fields(report: Report) -> dict[str, Any]:

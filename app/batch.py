@@ -35,7 +35,7 @@ from agent.accounting import PriceTable, SessionUsage, add_costs, format_cost, u
 from agent.config import FormatLabel, RunOptions
 from agent.errors import InputError
 from agent.run import validate_question
-from app.service import ResearchService, RunFailedError, citation_counts, stage_summary
+from app.service import CITATION_COUNT_FIELDS, ResearchService, RunFailedError, citation_counts, stage_summary
 
 INDEX_MD, INDEX_JSON = "index.md", "index.json"
 RECORD_VERSION = 1
@@ -397,6 +397,9 @@ def write_index(out_dir: Path, items: Sequence[BatchItem]) -> tuple[Path, Path]:
             "report": f"{item.id}.md" if status == "done" else None,
             "json": f"{item.id}.json" if rec else None,
             "support": rec.get("support"),  # the support check of each cited claim (None: not checked)
+            # `invented_citations` (issue 64): the record's counts, the ones `ask --json` gives (None: a failed or
+            # pending item, or a record written before the count existed)
+            **{k: rec.get(k) for k in CITATION_COUNT_FIELDS},
         })  # fmt: skip
     counts = {k: sum(1 for r in rows if r["status"] == k) for k in ("done", "failed", "pending")}
     total = batch_usage(records)

@@ -66,6 +66,8 @@ class ExportDoc:
         support: Each cited sentence checked against its passage (`agent.support`), listed after the references;
             None for a session that was not checked.
         invented_citations: Cited ids no search of the session returned (removed; their claims are marked).
+        answer_found: The model wrote an answer (False: the body says it wrote none, and no line says it cites
+            nothing).
     """
 
     title: str
@@ -78,6 +80,7 @@ class ExportDoc:
     attributed: bool = False
     support: SupportCheck | None = None
     invented_citations: int = 0
+    answer_found: bool = True
 
 
 def doc_from_session(record: SessionRecord) -> ExportDoc:
@@ -114,6 +117,7 @@ def doc_from_session(record: SessionRecord) -> ExportDoc:
         attributed=report.attributed,
         support=report.support,
         invented_citations=report.unknown_citations,
+        answer_found=report.answer_found,
     )
 
 
@@ -166,7 +170,8 @@ def support_lines(doc: ExportDoc, escape: Callable[[str], str] = lambda t: t) ->
     (agent.report)."""
     c = doc.support
     retrieved = bool(doc.references or doc.consulted)
-    notes = [n for n in (evidence_sentence(retrieved, doc.references, c, doc.invented_citations),
+    notes = [n for n in (evidence_sentence(retrieved, doc.references, c, doc.invented_citations,
+                                           answered=doc.answer_found),
                          invented_sentence(doc.invented_citations)) if n]
     if c is None or not c.shown:
         return notes

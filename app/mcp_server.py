@@ -194,6 +194,9 @@ class TurnText(BaseModel):
 class SessionResult(BaseModel):
     """A logged research session."""
 
+    # Forbid undeclared fields, as `ResearchResult` does: the citation counts come in as `**citation_counts(report)`.
+    model_config = {"extra": "forbid"}
+
     session_id: str
     question: str
     status: Literal["running", "completed", "failed"]
@@ -205,6 +208,9 @@ class SessionResult(BaseModel):
     error: str | None
     references: list[Reference]
     support: CitationSupport | None = Field(default=None, description="Each cited sentence, checked.")
+    invented_citations: int | None = Field(
+        default=None, description="Cited ids no search of the session returned, as in `research`'s result (None: "
+        "the session has no report).")
     tool_calls: list[ToolCallSummary]
     turns: list[TurnText] | None = Field(default=None, description="Only when include_turns is set.")
 
@@ -227,6 +233,7 @@ def session_result(record: SessionRecord, include_turns: bool) -> SessionResult:
         created_at=record.created_at, finished_at=record.finished_at, policy_version=record.policy_version,
         report=record.report, error=record.error, references=references(report) if report else [],
         support=citation_support(report) if report else None,
+        **(citation_counts(report) if report else {}),  # invented_citations: what `research` gives, from one place
         tool_calls=[ToolCallSummary(tool=c.tool, query=c.query, results=len(c.snippets), error=c.error)
                     for c in traj.tool_calls],
         turns=[TurnText(stage=t.stage, kind=t.kind, text=t.text) for t in traj.turns] if include_turns else None,

@@ -141,12 +141,18 @@ class CitationCounts(TypedDict):
 
 def citation_counts(report: Report) -> CitationCounts:
     """The citation counts every output of a finished session carries: `rubricem ask --json`, each batch item's
-    `<id>.json` and the MCP `research` result. They all take them from here, so they agree field for field, and a
-    count added here reaches every one of them (the MCP result's model forbids a field it does not declare, so a new
-    count there fails loudly instead of being dropped)."""
+    `<id>.json` (and, copied from it by `CITATION_COUNT_FIELDS`, its row of the batch's `index.json`), and the MCP
+    `research` and `get_session` results. They all take them from here, so they agree field for field, and a count
+    added here reaches every one of them (the MCP results' models forbid a field they do not declare, so a new count
+    there fails loudly instead of being dropped)."""
     # Cited ids no search of this session returned (issue 64): the report removed them and marked each sentence
     # left without a citation unsupported. Counted once, when the report was built (`agent.report`); never recounted.
     return CitationCounts(invented_citations=report.unknown_citations)
+
+
+CITATION_COUNT_FIELDS: tuple[str, ...] = tuple(CitationCounts.__annotations__)
+"""The keys `citation_counts` gives: what an output built from a written record (a batch's `index.json` row, from its
+item's `<id>.json`) copies, so it has every count the record has."""
 
 
 def _metrics(traj: Trajectory, report: Report, seconds: float) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Invented ids and missing evidence are shown, not hidden (issue 64, item 6): a claim whose citation id no search
 returned is marked unsupported and counted in the report, and a session whose searches all come back empty ends with
-a report that says plainly that no evidence was found.
+a report that says plainly that no evidence was found, and an answer that cites nothing says that it does.
 
 Real parts: the graph, the local search (over the small index, or over an empty one), the session log, the service's
 citation check with the offline MiniLM. Only the model is scripted (tests/fakes.py)."""
@@ -15,12 +15,12 @@ import pytest
 
 from agent.config import AgentConfig, RunOptions
 from agent.deps import AgentDeps
-from agent.report import NO_PASSAGES, NOTHING_SUPPORTED, verify_report
+from agent.report import NO_PASSAGES, NOTHING_CITED, NOTHING_SUPPORTED, verify_report
 from agent.run import RunResult, execute, render_prompt
 from agent.support import UNSUPPORTED_MARK
 from agent.tools.ids import CounterCallIds
 from agent.tools.local_search import LocalSearch
-from app.export import doc_from_session, to_markdown
+from app.export import doc_from_session, to_html, to_markdown
 from app.service import ResearchService
 from store.config import StoreConfig
 from store.doc_index import DocIndex
@@ -77,6 +77,10 @@ def test_a_session_whose_searches_all_come_back_empty_says_no_evidence_was_found
     out = asyncio.run(svc.run(QUESTION, OPTIONS))
     traj = out.trajectory
     assert len(traj.tool_calls) == 2 and all(c.error is None and not c.snippets for c in traj.tool_calls)
+    # The system message the model was given says what to do here (agent/prompts/system.md)
+    system = traj.prompt.text.split("<|im_end|>")[0]
+    assert "If the searches found nothing relevant, say so plainly in the answer; do not cite or invent a source." \
+        in system
     report = out.report
     assert f"**{NO_PASSAGES}**" in report.markdown and NOTHING_SUPPORTED not in report.markdown
     assert report.references == () and "## References" not in report.markdown
@@ -103,3 +107,29 @@ def test_a_report_whose_every_citation_fails_the_check_says_no_passage_supports_
     assert report.support is not None and [c.status for c in report.support.claims] == ["unsupported"]
     assert f"**{NOTHING_SUPPORTED}**" in report.markdown and NO_PASSAGES not in report.markdown
     assert report.unknown_citations == 0 and "Invented citation ids" not in report.markdown
+
+
+HAYMO_CALL = ['<call_tool name="local_search">Haymo of Faversham translation</call_tool>']
+
+
+@pytest.mark.parametrize(("answer", "shown"), [
+    ("<answer>Purple elephants hum quietly at dawn.</answer>", True),  # cites nothing, and matches no passage
+    ("<answer></answer>", False),  # no answer text: the report says that instead
+])
+def test_an_answer_that_cites_nothing_says_so_above_the_sources_it_consulted(
+        local_tools: dict, tmp_path: Path, answer: str, shown: bool) -> None:  # type: ignore[type-arg]
+    log = SessionLog(tmp_path / "s.sqlite3")
+    svc = ResearchService(ScriptedPolicy(calls_then_answer(HAYMO_CALL, answer)), local_tools, log,  # type: ignore[arg-type]
+                          AgentConfig(), embed=embed_texts)
+    out = asyncio.run(svc.run(QUESTION, OPTIONS))
+    report = out.report
+    assert out.trajectory.snippets and report.unknown_citations == 0  # passages came back; nothing was invented
+    assert report.references == () and not report.attributed  # and no sentence was matched to one after writing
+    assert report.answer_found is shown
+    assert "## Sources consulted (not cited in the text)" in report.markdown
+    assert NO_PASSAGES not in report.markdown and NOTHING_SUPPORTED not in report.markdown
+    assert (f"**{NOTHING_CITED}**" in report.markdown) is shown
+    rec = log.get(out.session_id)
+    assert rec.report == report.markdown  # the stored report says it too, and so does every export
+    doc = doc_from_session(rec)
+    assert (NOTHING_CITED in to_markdown(doc)) is shown and (NOTHING_CITED in to_html(doc)) is shown

@@ -228,12 +228,13 @@ def test_a_record_carries_the_citation_counts_of_ask_json_field_for_field(
     local_tools: dict[str, Any], tmp_path: Path
 ) -> None:
     """Issue 64: a batch item's record carries `invented_citations`, and every field `ask --json` writes agrees with
-    it. The item runs through `run_batch` and the real service (graph, local search, citation check, session log)
-    with the scripted model of tests/app/test_cli_evidence.py, which cites an id no search returned; the same
-    outcome is then turned into the `ask --json` payload (the service only records what it returns)."""
+    it; so does the item's row of `index.json`. The item runs through `run_batch` and the real service (graph, local
+    search, citation check, session log) with the scripted model of tests/app/test_cli_evidence.py, which cites an id
+    no search returned; the same outcome is then turned into the `ask --json` payload (the service only records what
+    it returns)."""
     from agent.config import AgentConfig, RunOptions
     from agent.support import UNSUPPORTED_MARK
-    from app.batch import BatchItem, run_batch
+    from app.batch import BatchItem, run_batch, write_index
     from app.cli.main import ask_payload
     from store.embeddings import embed_texts
     from tests.agent.scripts import well_formed
@@ -254,6 +255,13 @@ def test_a_record_carries_the_citation_counts_of_ask_json_field_for_field(
         got = [{k: c[k] for k in ("id", "title", "text")} for c in record["citations"]] if key == "citations" \
             else record.get(key, "missing")
         assert got == value, key
+    rows = json.loads((out / "index.json").read_text())["items"]
+    assert [(r["id"], r["invented_citations"]) for r in rows] == [("haymo", 1)]  # the index row, as the record
+    later = BatchItem("later", "Who was Haymo of Faversham?")  # an item with no record yet: pending, nothing counted
+    write_index(out, [item, later])
+    rows = json.loads((out / "index.json").read_text())["items"]
+    assert [(r["id"], r["status"], r["invented_citations"]) for r in rows] == [("haymo", "done", 1),
+                                                                               ("later", "pending", None)]
 
 
 def test_a_queries_file_is_read_line_by_line_under_its_caps(tmp_path: Path) -> None:

@@ -314,6 +314,7 @@ def test_research_runs_as_the_mcp_identity_and_a_run_over_the_limit_is_refused(s
     assert done.is_error and "is marked failed" in _text(done), _text(done)
     # the session the MCP server created is its identity's, not the CLI's `local`, and it can read it back
     assert not reread.is_error and reread.structured_content["status"] == "failed", _text(reread)
+    assert reread.structured_content["invented_citations"] is None  # no report, so nothing to count (issue 64)
     with SessionLog(served.data / "rubricem.sqlite3") as log:
         assert log.get(reread.structured_content["session_id"]).owner == "mcp"
         assert all(s.question != "Another one?" for s in log.list_sessions(limit=50))  # refused: nothing written

@@ -3,8 +3,9 @@
 The server is the real command in a subprocess. Over stdio it researches a question on the embedded default (the
 one slow test); over streamable HTTP it is checked with a policy backend that is never called (nothing here samples),
 so the bearer token, `get_session` and `search_bank` are tested without loading the model. The count of invented
-citation ids in `research`'s result is checked on the server built in this process (`build_server`, the SDK's
-in-process client) over the real service with a scripted model that invents one.
+citation ids in `research`'s result, and in `get_session`'s for the same session, is checked on the server built in
+this process (`build_server`, the SDK's in-process client) over the real service with a scripted model that invents
+one.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def test_research_over_stdio_returns_a_report_with_references_on_the_embedded_de
 
 def test_research_counts_invented_citation_ids_as_ask_json_does(local_tools: dict[str, Any], tmp_path: Path) -> None:
     """Issue 64: `research`'s structured result carries `invented_citations`, the count `ask --json` gives for the
-    same session (the scripted model of tests/app/test_cli_evidence.py cites an id no search returned)."""
+    same session (the scripted model of tests/app/test_cli_evidence.py cites an id no search returned), and so does
+    `get_session` when it reads the session back from the log."""
     from mcp import Client
 
     from agent.config import AgentConfig, RunOptions
@@ -132,18 +134,23 @@ def test_research_counts_invented_citation_ids_as_ask_json_does(local_tools: dic
     services = Services(settings, log, None, local_tools, policy, research, None,  # type: ignore[arg-type]
                         Registry(log))
 
-    async def drive() -> Any:
+    async def drive() -> tuple[Any, Any]:
         async with Client(build_server(services)) as client:
-            return await client.call_tool(
+            done = await client.call_tool(
                 "research", {"question": "What language were books translated into in Haymo's era?"})
+            sid = (done.structured_content or {}).get("session_id", "")
+            return done, await client.call_tool("get_session", {"session_id": sid})
 
-    result = asyncio.run(drive())
+    result, stored = asyncio.run(drive())
     assert not result.is_error, result.content
     out = result.structured_content
     assert out is not None and len(research.outcomes) == 1
     assert out["invented_citations"] == 1  # the script cites "deadbeef-9", which no search returned
     assert out["invented_citations"] == ask_payload(research.outcomes[0])["invented_citations"]
     assert f"an invented claim {UNSUPPORTED_MARK}." in out["report"] and "Invented citation ids: 1" in out["report"]
+    # get_session reads the same count back from the session log
+    assert not stored.is_error, stored.content
+    assert stored.structured_content["status"] == "completed" and stored.structured_content["invented_citations"] == 1
 
 
 def test_http_needs_the_token_and_serves_get_session_and_search_bank(tmp_path: Path) -> None:
