@@ -1,8 +1,8 @@
-"""The online loop through the real vLLM (CPU build, `make vllm`): sessions served by vLLM, judged, trained with an
-SS-GRPO update in torch on rollouts vLLM generated, the candidate loaded into the running server, the gate's
-decision, promotion, the next session on the new version, rollback; a hot swap while requests run; a server killed
-in the middle of a session; a stale adapter caught by the swap probe and not promoted, and a team's adapter loaded
-again after the server restarts (issue 63)."""
+"""The online loop's edges on the real vLLM (CPU build, `make vllm`): a hot swap while requests run; a server
+killed in the middle of a session; a stale adapter caught by the swap probe and not promoted, and a team's adapter
+loaded again after the server restarts (issue 63). A whole cycle on vLLM (sessions served and judged, an SS-GRPO
+update on vLLM's rollouts, the gate, promotion, rollback) is `tests/app/test_vllm_teams.py`'s and
+`tests/app/test_replica_promotion.py`'s."""
 
 from __future__ import annotations
 
@@ -111,71 +111,6 @@ def _settings(server: Any, smollm2_dir: Path, tmp_path: Path, probes: Path) -> S
                         learning=LearningConfig(retrain=retrain))
     seed_passages(settings)
     return settings
-
-
-def test_sessions_are_served_judged_trained_promoted_and_rolled_back_on_real_vllm(
-        real_vllm: Any, smollm2_dir: Path, tmp_path: Path) -> None:
-    try:
-        _the_loop(real_vllm, smollm2_dir, tmp_path)
-    finally:
-        unload_adapters(real_vllm)
-
-
-def _the_loop(real_vllm: Any, smollm2_dir: Path, tmp_path: Path) -> None:
-    from app.container import build
-    from app.scheduler import run_cycle
-
-    probes = tmp_path / "probes.txt"
-    probes.write_text("Who was Haymo of Faversham?\n")
-    settings = _settings(real_vllm, smollm2_dir, tmp_path, probes)
-    log_path = settings.store.sqlite_path
-
-    async def ask(question: str) -> str:
-        services = build(settings)
-        try:
-            return (await services.research.run(question, SMALL)).session_id
-        finally:
-            await services.policy.aclose()
-
-    async def ask_both() -> list[str]:  # two people at once: one build, and vLLM batches their requests
-        services = build(settings)
-        try:
-            outs = await asyncio.gather(*(services.research.run(q, SMALL) for q in (
-                "Who was Haymo of Faversham?", "What is the Franciscan order?")))
-            return [o.session_id for o in outs]
-        finally:
-            await services.policy.aclose()
-
-    for sid in asyncio.run(ask_both()):
-        rec = SessionLog(log_path).get(sid)
-        sampled = [t for t in rec.trajectory.turns if t.kind == "sampled"]
-        assert rec.status == "completed" and rec.policy_version == "policy"
-        assert sampled and all(t.token_source == "server" and len(t.logprobs) == len(t.token_ids) for t in sampled)
-
-    result = asyncio.run(run_cycle(settings, trigger="cli", force=True))
-    reg = Registry(SessionLog(log_path))
-    cycle = result.cycle
-    assert cycle.numbers["new_sessions"] == 2 and cycle.numbers["judged"] == 2, result.message
-    rollouts = SessionLog(settings.store.data_dir / "runs" / cycle.cycle_id / "rollouts.sqlite3")
-    trained_on = {t.policy_version for s in rollouts.list_sessions(limit=100)
-                  for t in rollouts.get(s.session_id).trajectory.turns if t.kind == "sampled"}
-    assert trained_on == {f"{cycle.cycle_id}@0"}  # the rollouts were vLLM's, on the run's published step-0 adapter
-    models = [c["id"] for c in httpx.get(f"{real_vllm.url}/v1/models", timeout=30).json()["data"]]
-    assert not any(m.startswith(f"{cycle.cycle_id}@") for m in models)  # step adapters left the server
-    # The gate decided at its default tolerance (one small step from base scores within it on the probe).
-    assert settings.learning.retrain.tolerance == 0.02
-    assert cycle.status == "promoted", result.message
-    live = reg.live()
-    assert live.name == "policy@1" and "policy@1" in models
-
-    sid = asyncio.run(ask("Who founded the Franciscan order?"))
-    rec = SessionLog(log_path).get(sid)
-    assert rec.policy_version == "policy@1"
-    assert {t.policy_version for t in rec.trajectory.turns if t.kind == "sampled"} == {"policy@1"}
-
-    assert reg.rollback("test").version == "base"
-    rec = SessionLog(log_path).get(asyncio.run(ask("Who was Haymo of Faversham?")))
-    assert rec.policy_version == "policy"
 
 
 def test_without_runtime_updating_and_when_killed_mid_session_the_errors_say_what_to_do(smollm2_dir: Path,

@@ -1,7 +1,10 @@
 """Adapters per team on the real vLLM (issue 49): two teams' sessions run at once, each served by its own adapter by
 name (the server's request log and the session records agree), a team's cycle promotes only that team's version and
 leaves the other team's adapter loaded, a team's rollback leaves the other team alone, and deleting a person's data
-marks the team versions their session trained."""
+marks the team versions their session trained. The sessions are batched by vLLM with its own log-probs, and the
+cycle's rollouts are vLLM's, on the run's published step-0 adapter, unloaded when the run ends (these were
+`tests/app/test_vllm_loop.py`'s global cycle; promotion, serving and rollback of a global version on vLLM are
+`tests/app/test_replica_promotion.py`'s)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from agent.config import SHIPPED_SFT_ADAPTER, AgentConfig, RunOptions, StageTokenCaps
@@ -109,6 +113,7 @@ def _teams_on_vllm(server: Any, smollm2_dir: Path, tmp_path: Path) -> None:
     for who, rec in zip(SEEDS, records, strict=True):
         sampled = [t for t in rec.trajectory.turns if t.kind == "sampled"]
         assert sampled and {t.policy_version for t in sampled} == {rec.policy_version}
+        assert all(t.token_source == "server" and len(t.logprobs) == len(t.token_ids) for t in sampled)
         # The server's own log: every request of this session (its seeds) was served by the version it recorded.
         mine = [adapter for seed, adapter in logged if SEEDS[who] <= seed < SEEDS[who] + 1_000]
         assert len(mine) >= len(sampled) and set(mine) == {"" if rec.policy_version == "policy" else rec.policy_version}
@@ -120,6 +125,12 @@ def _teams_on_vllm(server: Any, smollm2_dir: Path, tmp_path: Path) -> None:
     result = asyncio.run(run_cycle(settings, trigger="cli", force=True, team="law"))
     cycle = result.cycle
     assert cycle.status == "promoted" and cycle.team == "law", result.message
+    rollouts = SessionLog(settings.store.data_dir / "runs" / cycle.cycle_id / "rollouts.sqlite3")
+    rollout_versions = {t.policy_version for s in rollouts.list_sessions(limit=100)
+                        for t in rollouts.get(s.session_id).trajectory.turns if t.kind == "sampled"}
+    assert rollout_versions == {f"{cycle.cycle_id}@0"}  # vLLM's rollouts, on the run's published step-0 adapter
+    models = [c["id"] for c in httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]]
+    assert not any(m.startswith(f"{cycle.cycle_id}@") for m in models)  # the step adapters left the server
     law2 = reg.live("law")
     assert law2.name == "team:law@2" and law2.parent == law1.name
     # It trained on law's window only: alice's session, never bob's (bio) or dave's (the global policy), whose

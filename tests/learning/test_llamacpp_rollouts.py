@@ -46,7 +46,9 @@ def test_rollouts_from_llamacpp_train_and_the_new_adapter_serves_the_next_step(
     cfg = load_config(None, None, name="lc", steps=2, batch_questions=1, rollouts=2, max_tool_calls=1,
                       plan_tokens=48, research_tokens=24, review_tokens=24, answer_tokens=32, n_questions=4,
                       curriculum_window=1, lr=5e-5, gradient_checkpointing=False, temperature=0.8,
-                      init_adapter=SFT_ADAPTER, dtype="bfloat16")
+                      init_adapter=SFT_ADAPTER, dtype="bfloat16",
+                      # reflections still run on llama.cpp; nothing here reads them, so the smallest ones will do
+                      reflection_candidates=2, reflection_tokens=16)
     parts, folder = build_trainer(settings, cfg)
     assert isinstance(parts.policy, EmbeddedLlamaCppClient)
     served: list[str] = []
