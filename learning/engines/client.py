@@ -261,6 +261,7 @@ def read_adapter_config(path: Path) -> Any:
         raise AdapterLoadError(f"{path} has no adapter_config.json; is it a PEFT adapter folder?")
     if not any((path / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
         raise AdapterLoadError(f"{path} has no adapter_model.safetensors")
+    check_safetensors(path / "adapter_model.safetensors")
     from peft import PeftConfig
 
     try:
@@ -271,3 +272,22 @@ def read_adapter_config(path: Path) -> Any:
         raise AdapterLoadError(f"{path} holds a {config.peft_type} adapter; only LoRA is supported")
     config.inference_mode = True
     return config
+
+
+def check_safetensors(weights: Path) -> None:
+    """Refuse a truncated or corrupt safetensors file (when there is one) by its name, before any engine reads it.
+
+    Why here: a file cut short (a copy or a save that stopped half-way) was found only inside PEFT's load, after it
+    had put LoRA layers into the model (the base model was then loaded again to undo them), or inside the GGUF
+    conversion, and the error named neither the file nor what was wrong with it ("incomplete metadata, file not fully
+    covered"). Opening it reads only the header, which safetensors checks against the file's size (milliseconds).
+    """
+    if not weights.is_file():
+        return
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as fh:
+            fh.keys()
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a corrupt file
+        raise AdapterLoadError(f"{weights} is not a readable safetensors file (truncated or corrupt?): {exc}") from exc

@@ -112,6 +112,7 @@ def _gguf_written(path: Path, arch: str) -> Iterator[Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
+    writer = None
     try:
         writer = gguf.GGUFWriter(tmp, arch)
         yield writer
@@ -121,6 +122,9 @@ def _gguf_written(path: Path, arch: str) -> Iterator[Any]:
         writer.close()
         os.replace(tmp, path)
     except BaseException:
+        if writer is not None:  # a handle left open keeps the removed file's blocks: a full disk would stay full
+            with contextlib.suppress(Exception):  # its buffer's flush fails again on a full disk; the file closes
+                writer.close()
         Path(tmp).unlink(missing_ok=True)
         raise
 
@@ -140,7 +144,8 @@ def _adapter_pairs(adapter_dir: Path, base: dict[str, Any]) -> tuple[float, dict
     except (OSError, ValueError) as exc:
         raise GGUFConversionError(f"unreadable adapter in {adapter_dir}: {exc}") from exc
     except Exception as exc:  # safetensors raises its own error types for a corrupt file
-        raise GGUFConversionError(f"unreadable adapter weights in {adapter_dir}: {exc}") from exc
+        raise GGUFConversionError(f"unreadable adapter weights {adapter_dir / 'adapter_model.safetensors'}: "
+                                  f"{exc}") from exc
     alpha = _adapter_scale_alpha(config)
     if base["arch"] != "llama":
         raise GGUFConversionError(f"the base GGUF's architecture is {base['arch']!r}; only llama is supported")
@@ -301,7 +306,7 @@ def cached_q8_base(base_gguf: Path, cache_dir: Path) -> Path:
         try:
             write_q8_gguf(base_gguf, path)
         except (OSError, ValueError) as exc:
-            raise GGUFConversionError(f"could not write a Q8_0 copy of {base_gguf}: {exc}") from exc
+            raise GGUFConversionError(f"could not write a Q8_0 copy of {base_gguf} to {target}: {exc}") from exc
 
     return _cached_file(target, write)
 
@@ -314,7 +319,14 @@ def _cached(adapter_dir: Path, base_gguf: Path, cache_dir: Path, kind: str) -> P
         raise GGUFConversionError(f"unreadable adapter in {adapter_dir}: {exc}") from exc
     target = private_folder(Path(cache_dir)) / f"{kind}-{digest}.gguf"
     convert = convert_lora if kind == "lora" else write_merged_gguf
-    return _cached_file(target, lambda path: convert(adapter_dir, base_gguf, path))
+
+    def write(path: Path) -> None:
+        try:
+            convert(adapter_dir, base_gguf, path)
+        except OSError as exc:  # the destination (a full disk, a file size limit): the error named neither file
+            raise GGUFConversionError(f"could not write the GGUF of {adapter_dir} to {target}: {exc}") from exc
+
+    return _cached_file(target, write)
 
 
 def recorded(target: Path) -> bool:
@@ -334,9 +346,15 @@ def cached_file(target: Path, write: Callable[[Path], object]) -> Path:
 
 
 def _cached_file(target: Path, write: Callable[[Path], object]) -> Path:
-    """`target` when it matches the digest recorded beside it, else written by `write(target)` and recorded. The
-    conversion runs under a lock file beside it, so processes starting together convert once (the others wait, then
-    find it recorded) and none removes a file another has just written but not yet recorded."""
+    """`target` when it matches the digest recorded beside it, else written by `write(path)` to a temporary sibling,
+    renamed into place and recorded. The conversion runs under a lock file beside it, so processes starting together
+    convert once (the others wait, then find it recorded) and none removes a file another has just written but not
+    yet recorded.
+
+    Why the temporary sibling: not every writer is atomic (llama.cpp's state saver writes straight to the name it is
+    given), and one that failed half-way (a full disk) left half a file under the cached name; it was never trusted
+    (it has no record), but it took the space until the next write. Now `target` holds a finished file or nothing.
+    """
     record = target.with_name(target.name + DIGEST_SUFFIX)
     if _matches_record(target, record):
         return target
@@ -345,9 +363,16 @@ def _cached_file(target: Path, write: Callable[[Path], object]) -> Path:
             return target
         for stale in (target, record):  # a link is removed, never followed
             stale.unlink(missing_ok=True)
-        write(target)
-        target.chmod(0o600)  # writers such as llama.cpp's state saver leave the umask's mode
-        _write_atomically(record, sha256_file(target, follow_links=False))
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        os.close(fd)
+        try:
+            write(Path(tmp))
+            os.chmod(tmp, 0o600)  # writers such as llama.cpp's state saver leave the umask's mode
+            digest = sha256_file(Path(tmp), follow_links=False)
+            os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)  # gone after the replace; left only by a failed write
+        _write_atomically(record, digest)
     return target
 
 

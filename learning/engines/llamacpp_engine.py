@@ -381,7 +381,8 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
 
         Raises:
             AdapterLoadError: not a LoRA folder, or it does not fit the base model (`GGUFConversionError`, with the
-                reason), or llama.cpp refused it; the old weights stay active.
+                reason), or llama.cpp refused it (the converted file then leaves the cache); the old weights stay
+                active. The message names the file that failed.
         """
         path = Path(path)
         if not version:
@@ -389,7 +390,10 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
         if self._closed:
             raise PolicyUnavailable("the embedded policy client is closed")
         converted = self._converted(path)
-        engine = self._new_engine(converted) if self._merge else None  # loaded before the lock, like the conversion
+        try:
+            engine = self._new_engine(converted) if self._merge else None  # loaded before the lock, like the conversion
+        except AdapterLoadError as exc:
+            raise self._refused(converted, path, exc) from exc
         try:
             with self._lock:
                 if self._closed:
@@ -398,7 +402,10 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
                     self._swap_engine(engine)
                     engine = None
                 else:
-                    self._engine.set_adapter(converted)
+                    try:
+                        self._engine.set_adapter(converted)
+                    except AdapterLoadError as exc:
+                        raise self._refused(converted, path, exc) from exc
                 self._adapter_version, self._adapter_path = version, path
                 self._invalidate_cache()
         finally:
@@ -441,6 +448,19 @@ class EmbeddedLlamaCppClient(EmbeddedClient):
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the conversion is a refused adapter
             raise GGUFConversionError(f"could not convert {path} to a GGUF for llama.cpp: {exc}") from exc
+
+    @staticmethod
+    def _refused(converted: Path, path: Path, exc: AdapterLoadError) -> AdapterLoadError:
+        """The error of a converted file llama.cpp would not load, once that file is out of the cache.
+
+        Why: the cache vouches for a file by the digest recorded as it was written, not by llama.cpp having read it,
+        so a file it cannot load (a writer that stopped short without an error, or a file corrupted before its digest
+        was taken) would be served again by every later load of the same adapter, in this process and the next.
+        Forgotten, the next load converts the adapter again.
+        """
+        forget(converted)
+        return AdapterLoadError(f"{exc}; {converted} was removed from the cache, so the next load of {path} converts "
+                                "it again")
 
     def _new_engine(self, gguf: Path) -> LlamaCppEngine:
         """An engine on `gguf` with this client's context size, CPU variant, thread counts and contention guard."""

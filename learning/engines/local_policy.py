@@ -314,8 +314,8 @@ class TransformersPolicyClient(EmbeddedClient):
         Why: loading it under a new name and deleting the old one changes the modules the compiled graph was traced
         through (adapter names are guarded), so every swap would compile again (minutes on 2 cores); copied
         weights are graph inputs, so the same graph serves them. Only an adapter with the loaded one's rank, alpha,
-        rank/alpha patterns and target modules is copied (`peft.utils.hotswap.hotswap_adapter` checks the rest and
-        the keys before copying anything); any other is loaded the ordinary way (False), which compiles once more.
+        rank/alpha patterns and target modules, and a file of exactly its tensors' names and shapes (`_same_tensors`),
+        is copied; any other is loaded the ordinary way (False), which compiles once more.
         """
         if self._compiled is None or self._peft is None or self._adapter is None:
             return False
@@ -327,6 +327,10 @@ class TransformersPolicyClient(EmbeddedClient):
         if not same:
             log.info("adapter %s differs in rank, alpha or targets from the loaded one: loading it as a new adapter "
                      "(the compiled decode step compiles again)", path)
+            return False
+        if not self._same_tensors(path):
+            log.info("adapter %s holds other tensors than the loaded one (names or shapes): loading it as a new "
+                     "adapter, which checks them", path)
             return False
         from peft.utils.hotswap import hotswap_adapter
 
@@ -340,6 +344,31 @@ class TransformersPolicyClient(EmbeddedClient):
             return False
         self._model.eval()
         return True
+
+    def _same_tensors(self, path: Path) -> bool:
+        """Whether the adapter file at `path` holds exactly the loaded adapter's LoRA tensors, by name and shape.
+
+        Why: PEFT's hot swap checks names only, then zeroes the loaded tensors the file lacks and puts a tensor of
+        another shape in place of the loaded one (`torch.utils.swap_tensors`). A file whose config matches but one of
+        whose matrices does not (a writer's bug, a file edited by hand) was copied in without an error, the new
+        version reported as serving, and every request after it failed in a matrix product. The ordinary load checks
+        shapes and, when it fails, leaves the old adapter serving. Reads the file's header only.
+        """
+        from safetensors import safe_open
+
+        assert self._adapter is not None and self._peft is not None
+        weights = path / "adapter_model.safetensors"
+        if not weights.is_file():
+            return False
+        infix = f".{self._adapter.name}."  # PEFT's keys name the adapter; the saved file's do not
+        loaded = {k.replace(infix, "."): tuple(v.shape) for k, v in self._peft.state_dict().items()
+                  if ".lora_" in k and infix in k}
+        try:
+            with safe_open(str(weights), framework="pt") as fh:
+                found = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+        except Exception:  # noqa: BLE001 - changed since it was checked: the ordinary load raises AdapterLoadError
+            return False
+        return found == loaded
 
     def _merge_for_serving(self) -> None:
         """With `merge_adapter`, fold the active adapter into the base weights before it serves (lock held).
