@@ -551,7 +551,12 @@ def test_the_build_context_sends_only_what_the_image_copies(path: Path) -> None:
 
 
 def test_the_file_follows_the_compose_specification() -> None:
-    """Strict typed parse by the compose_spec Rust crate: unknown keys, bad enums, durations, undefined networks."""
+    """Strict typed parse by the compose_spec Rust crate: unknown keys, bad enums, durations, undefined networks.
+
+    This is the suite's `docker compose config`: the compose plugin is not in the package registries this project
+    installs from (Debian's `docker-compose` is v1.29, which refuses the long `env_file` form compose v2 accepts;
+    the compose-go parser needs a Go toolchain or a GitHub download), so the test that ran it, which could only
+    skip in CI, is gone (issue 61)."""
     compose_spec = pytest.importorskip("compose_spec", reason="compose-spec (the compose_spec bindings) not installed")
     resolved = yaml.safe_load(interpolate(COMPOSE.read_text(encoding="utf-8")))  # merge keys resolved by PyYAML
     parsed = compose_spec.PyCompose.from_json(json.dumps(resolved))
@@ -561,15 +566,3 @@ def test_the_file_follows_the_compose_specification() -> None:
                                                                              restrt="always")))
     with pytest.raises(ValueError, match="restrt"):  # the check does bind: a misspelt key is refused
         compose_spec.PyCompose.from_json(json.dumps(broken))
-
-
-@pytest.mark.may_skip("no docker CLI on the CI machines; the file is parsed by the compose-spec crate above and "
-                      "checked field by field in this file")
-def test_docker_compose_config_accepts_the_file() -> None:
-    docker = shutil.which("docker")
-    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True,
-                                           check=False, timeout=30).returncode != 0:
-        pytest.skip("the docker CLI with the compose plugin is not installed")
-    p = subprocess.run([docker, "compose", "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True,
-                       check=False, timeout=60, cwd=ROOT)
-    assert p.returncode == 0, p.stderr
