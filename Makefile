@@ -99,10 +99,10 @@ demo: install
 # The suite starts a real vLLM from .vllm/ and a real trace server from .phoenix/; RUBRICEM_TEST_REQUIRE_VLLM makes a
 # missing vLLM fail, never skip, and RUBRICEM_TEST_STRICT turns every other skip (a missing .phoenix too) into a
 # failure (tests marked may_skip excepted; -rs lists them).
-# One process by default. TEST_WORKERS=2 runs two pytest-xdist workers (--dist loadgroup keeps every real-vLLM test on
-# one worker, against one server; tests/conftest.py): measured 2026-12-07 on 2 cores it took 40 min 48 s against about
-# 48 min in one process, and three tests ran past their timeouts beside the other worker (docs/tests.md).
-TEST_WORKERS ?= 0
+# Two pytest-xdist workers by default (--dist loadgroup keeps every real-vLLM test on one worker, against one server;
+# each worker gets its share of the cores: tests/conftest.py). Measured 2026-12-07 on an idle 2-core Xeon: pytest
+# 34 min 41 s against about 58 min in one process (docs/tests.md). TEST_WORKERS=0 runs one process.
+TEST_WORKERS ?= 2
 test: install vllm phoenix
 	RUBRICEM_TEST_REQUIRE_VLLM=1 RUBRICEM_TEST_STRICT=1 $(PY) -m pytest -q -rs --durations=30 \
 	  -n $(TEST_WORKERS) --dist loadgroup
