@@ -13,6 +13,10 @@ llama.cpp, in one run on this machine (issue 33). Each part can be chosen with -
   another on the embedded policy; sampled tokens per second of wall time.
 * merged: the adapter folded into the weights and served by a second vLLM as its base model (no LoRA kernels):
   decode rates and the demo session (not in the default --parts).
+* rollouts (issue 63; not in the default --parts): sessions per hour of the rollout-engine candidates in one run,
+  the same 8 questions and caps: the embedded default one at a time, vLLM with a runtime LoRA adapter and vLLM on
+  merged weights (the largest --levels at once), and rollouts per hour over a training step with the merged path's
+  merge and restart included.
 * cycle: one retrain cycle (2 sessions, 1 SS-GRPO step, 2 rollouts, the probe) with rollouts on vLLM and on the
   embedded policy; the cycle's wall time and the training step's own seconds.
 
@@ -210,16 +214,7 @@ def mismatch(server: LocalVLLMServer, args: argparse.Namespace, model_dir: Path)
 def merged(args: argparse.Namespace, tmp: Path, model_dir: Path) -> list[dict[str, Any]]:
     """The shipped adapter folded into the weights (PEFT `merge_and_unload`, bf16) and served by a second vLLM as its
     base model: no LoRA kernels in the decode step. Decode rates and the demo session on it."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = tmp / "smollm2-sft-merged"
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
-    PeftModel.from_pretrained(base, str(SHIPPED_SFT_ADAPTER)).merge_and_unload().save_pretrained(str(folder))
-    AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(folder))
-    server = LocalVLLMServer(VLLMServerSpec(model_dir=folder, port=free_port()), log_path=tmp / "merged.log")
-    server.start(timeout_s=600)
+    server, _ = _merged_server(tmp, model_dir)
     rows: list[dict[str, Any]] = []
     try:
         async def rates() -> None:
@@ -241,6 +236,55 @@ def merged(args: argparse.Namespace, tmp: Path, model_dir: Path) -> list[dict[st
     finally:
         server.stop()
     return rows
+
+
+def _merged_server(tmp: Path, model_dir: Path) -> tuple[LocalVLLMServer, dict[str, float]]:
+    """A second vLLM serving the shipped adapter folded into the weights (PEFT `merge_and_unload`, bf16) as its base
+    model, and what that swap costs: the merge and save, and the server's start (a training step would pay both to
+    serve its new version this way)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t = time.perf_counter()
+    folder = tmp / "smollm2-sft-merged"
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
+    PeftModel.from_pretrained(base, str(SHIPPED_SFT_ADAPTER)).merge_and_unload().save_pretrained(str(folder))
+    AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(folder))
+    merge_s = time.perf_counter() - t
+    t = time.perf_counter()
+    server = LocalVLLMServer(VLLMServerSpec(model_dir=folder, port=free_port()), log_path=tmp / "merged.log")
+    server.start(timeout_s=600)
+    costs = {"merge_seconds": round(merge_s, 1), "start_seconds": round(time.perf_counter() - t, 1)}
+    say(f"merged vLLM ready: {costs}")
+    return server, costs
+
+
+def rollouts(server: LocalVLLMServer, tmp: Path, model_dir: Path, level: int) -> dict[str, Any]:
+    """Issue 63, item 1: sessions per hour for each rollout-engine candidate, in one run, on the same questions, caps
+    and sampling: the sequential path (the embedded default, one session at a time, as the learning benchmarks run
+    their rollouts), vLLM with the version as a runtime LoRA adapter, and vLLM serving the version's merged weights,
+    `level` sessions at once on each server. The merged path pays a merge and a server start per new version
+    (`swap`); `per_step` gives each candidate's rollouts per hour over a training step of 8 questions x 4 rollouts,
+    that cost included."""
+    merged_server, swap = _merged_server(tmp, model_dir)
+    try:
+        rows = _batch_rows(tmp, model_dir, [("embedded", None, "policy", 1), ("vllm-lora", server.url,
+                                                                             ADAPTER_ALIAS, level),
+                                           ("vllm-merged", merged_server.url, "policy", level)], server)
+    finally:
+        merged_server.stop()
+    step_rollouts = 32
+    per_step = []
+    for r in rows:
+        seconds = step_rollouts * 3600 / r["sessions_per_hour"] + (swap["merge_seconds"] + swap["start_seconds"]
+                                                                   if r["engine"] == "vllm-merged" else 0.0)
+        per_step.append({"engine": r["engine"], "step_seconds": round(seconds, 1),
+                         "rollouts_per_hour": round(step_rollouts * 3600 / seconds, 1)})
+    base = next(p["rollouts_per_hour"] for p in per_step if p["engine"] == "embedded")
+    for p in per_step:
+        p["x_sequential"] = round(p["rollouts_per_hour"] / base, 2)
+    return {"sessions": rows, "swap": swap, "per_step": per_step}
 
 
 def _settings(data: Path, model_dir: Path, vllm_url: str | None, model: str = "policy") -> Settings:
@@ -297,6 +341,14 @@ def _sessions(engines: list[tuple[str, str | None, str]], tmp: Path, model_dir: 
 
 
 def batch(server: LocalVLLMServer, tmp: Path, model_dir: Path, levels: list[int]) -> list[dict[str, Any]]:
+    runs = [("vllm", server.url, ADAPTER_ALIAS, level) for level in levels] + [("embedded", None, "policy", 1)]
+    return _batch_rows(tmp, model_dir, runs, server)
+
+
+def _batch_rows(tmp: Path, model_dir: Path, runs: list[tuple[str, str | None, str, int]],
+                server: LocalVLLMServer) -> list[dict[str, Any]]:
+    """BATCH_QUESTIONS through `run_batch` once per run: (name, vLLM URL or None for the embedded default, served
+    model, concurrency)."""
     from app.batch import BatchItem, run_batch
     from app.container import build
     from store.session_log import SessionLog
@@ -305,10 +357,9 @@ def batch(server: LocalVLLMServer, tmp: Path, model_dir: Path, levels: list[int]
     options = RunOptions(format="short_form", max_tool_calls=2, temperature=0.7,
                          token_caps=StageTokenCaps(plan=96, research=48, review=64, answer=96))
     rows = []
-    runs = [("vllm", server.url, level) for level in levels] + [("embedded", None, 1)]
-    for engine, url, level in runs:
+    for engine, url, model, level in runs:
         data = tmp / f"batch-{engine}-{level}"
-        services = build(_settings(data, model_dir, url, ADAPTER_ALIAS), say=say)
+        services = build(_settings(data, model_dir, url, model), say=say)
         items = [BatchItem(f"q{i:03d}", q) for i, q in enumerate(BATCH_QUESTIONS, 1)]
 
         async def go() -> Any:
@@ -400,7 +451,8 @@ def main() -> int:
                  "session": lambda: session(server, tmp, model_dir),
                  "batch": lambda: batch(server, tmp, model_dir, [int(x) for x in args.levels.split(",")]),
                  "cycle": lambda: cycle(server, tmp, model_dir),
-                 "merged": lambda: merged(args, tmp, model_dir)}
+                 "merged": lambda: merged(args, tmp, model_dir),
+                 "rollouts": lambda: rollouts(server, tmp, model_dir, max(int(x) for x in args.levels.split(",")))}
         try:
             for name in parts:
                 results[name] = steps[name]()
