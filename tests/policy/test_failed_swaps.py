@@ -99,24 +99,24 @@ def torch_merged(smollm2_dir: Path) -> Iterator[TransformersPolicyClient]:
     _run(client.aclose())
 
 
-@pytest.fixture(scope="module")
-def llama_lora(smollm2_dir: Path, smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
-               ) -> Iterator[EmbeddedLlamaCppClient]:
+def _llama(smollm2_dir: Path, smollm2_gguf: Path, cache: Path, merge: bool) -> Iterator[EmbeddedLlamaCppClient]:
     client = EmbeddedLlamaCppClient(smollm2_dir, smollm2_gguf, adapter_path=SFT_ADAPTER, version="sft",
-                                    lora_cache=tmp_path_factory.mktemp("lora"), threads=1, batch_threads=1,
+                                    lora_cache=cache, threads=1, batch_threads=1, merge_adapter=merge,
                                     persist_anchor=False)
     yield client
     _run(client.aclose())
 
 
 @pytest.fixture(scope="module")
+def llama_lora(smollm2_dir: Path, smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[EmbeddedLlamaCppClient]:
+    yield from _llama(smollm2_dir, smollm2_gguf, tmp_path_factory.mktemp("lora"), merge=False)
+
+
+@pytest.fixture(scope="module")
 def llama_merged(smollm2_dir: Path, smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[EmbeddedLlamaCppClient]:
-    client = EmbeddedLlamaCppClient(smollm2_dir, smollm2_gguf, adapter_path=SFT_ADAPTER, version="sft",
-                                    lora_cache=tmp_path_factory.mktemp("merged"), threads=1, batch_threads=1,
-                                    merge_adapter=True, persist_anchor=False)
-    yield client
-    _run(client.aclose())
+    yield from _llama(smollm2_dir, smollm2_gguf, tmp_path_factory.mktemp("merged"), merge=True)
 
 
 @pytest.mark.parametrize("engine", ["torch_plain", "torch_merged", "llama_lora", "llama_merged"])
