@@ -81,6 +81,15 @@ def _open_under(folder: Path) -> list[str]:
     return [link for link in links if link.startswith(str(folder))]
 
 
+def _serves_the_old(client: Any, ctx: Any, before: Any) -> Any:
+    """After a refused swap: the client still names the old version ("sft") and its next greedy generation gives the
+    same tokens as `before`, under that name. Returns that generation."""
+    assert client.policy_version == "sft"
+    after = _greedy(client, ctx)
+    assert after.policy_version == "sft" and after.token_ids == before.token_ids
+    return after
+
+
 # -- one client per engine, each serving the SFT adapter as "sft"; every test leaves it so -----------------------------
 
 
@@ -129,9 +138,7 @@ def test_a_truncated_adapter_is_refused_by_its_file_and_the_old_version_serves(
     weights = bad / "adapter_model.safetensors"
     with pytest.raises(AdapterLoadError, match=re.escape(str(weights))):
         client.load_adapter(bad, "cut")
-    assert client.policy_version == "sft"
-    after = _greedy(client, ctx)
-    assert after.policy_version == "sft" and after.token_ids == before.token_ids
+    after = _serves_the_old(client, ctx, before)
     assert after.logprobs == pytest.approx(before.logprobs, abs=1e-5)  # the same weights, not just the same name
 
 
@@ -152,9 +159,7 @@ def test_a_conversion_whose_write_fails_part_way_names_its_file_and_leaves_nothi
     assert isinstance(caught.value.__cause__, OSError)  # EFBIG, or numpy's "9216 requested and 9200 written"
     assert _open_under(cache) == []  # while the error (and its traceback) is still held
     assert sorted(p.name for p in cache.iterdir() if target.name in p.name) == [f".{target.name}.lock"]
-    assert client.policy_version == "sft"
-    after = _greedy(client, ctx)
-    assert after.policy_version == "sft" and after.token_ids == before.token_ids
+    _serves_the_old(client, ctx, before)
 
 
 @pytest.mark.slow
@@ -179,9 +184,7 @@ def test_a_cached_gguf_llama_cpp_cannot_load_is_named_forgotten_and_converted_ag
     assert recorded(target)
     with pytest.raises(AdapterLoadError, match=re.escape(str(target))):
         client.load_adapter(doubled, "doubled")
-    assert client.policy_version == "sft"
-    after = _greedy(client, ctx)
-    assert after.policy_version == "sft" and after.token_ids == before.token_ids
+    _serves_the_old(client, ctx, before)
     assert not target.exists() and not recorded(target)
     try:
         client.load_adapter(doubled, "doubled")
@@ -234,9 +237,7 @@ def test_a_hot_swap_whose_matrices_do_not_fit_the_loaded_adapter_is_refused_and_
         save_file(weights, str(bad / "adapter_model.safetensors"))
         with pytest.raises(AdapterLoadError, match=re.escape(str(bad))):
             client.load_adapter(bad, "misshaped")
-        assert client.policy_version == "sft"
-        after = _greedy(client, ctx)
-        assert after.policy_version == "sft" and after.token_ids == before.token_ids
+        after = _serves_the_old(client, ctx, before)
         assert after.logprobs == pytest.approx(before.logprobs, abs=1e-5)
     finally:
         _run(client.aclose())
