@@ -132,6 +132,11 @@ def test_blank_lines_in_an_answer_or_a_source_url_make_the_browser_fetch_nothing
                 reference = page.locator("li.ref").first
                 reference.wait_for(timeout=RUN_TIMEOUT_MS)  # the first visit builds the services
                 expect(page.locator("div.answer").first).to_contain_text("Books were translated into Latin")
+                # Streamlit draws a fenced block through a component it loads lazily: on a busy machine the block is
+                # still empty for a moment after the answer's text shows. Wait until each crafted text is drawn, so
+                # the image count and the text below are read from the finished page.
+                crafted = page.locator("div.answer pre").first if name == "answer" else reference
+                expect(crafted).to_contain_text("quoted from the page" if name == "answer" else "file:notes")
                 # The control: an image this page does load reaches the counter. The crafted panels were drawn
                 # before it, so an image of theirs would have been asked for first.
                 controls.append(f"/control-{name}.png")
