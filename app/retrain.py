@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import RunOptions, StageTokenCaps
-from agent.policy import ReplicaSet
+from agent.policy import PinnedPolicy, ReplicaSet
 from agent.protocols import Served
 from agent.sequence import MIN_NEW_TOKENS
 from app.container import (
@@ -348,7 +348,7 @@ class RetrainApp:
             activate=self.activate, adapters_dir=self.settings.store.data_dir / "runs" / "adapters",
             probe_questions=probe_questions(self.settings), seed_questions=seed,
             heldout=heldout_index(load_heldout()),
-            sleep=self._sleep if vllm else None, wake=self._wake if vllm else None)
+            sleep=self._sleep if vllm else None, wake=self._wake if vllm else None, concurrent_probes=vllm)
 
     async def train(self, cycle: Cycle, questions: list[str], live: PolicyVersion) -> Path:
         """SS-GRPO from the live adapter on the cycle's questions; returns the final adapter folder."""
@@ -415,7 +415,11 @@ class RetrainApp:
         from agent.tools.registry import build_tools
 
         log = SessionLog(gate_scratch(self.settings)[0])
-        service = ResearchService(policy, build_tools(self.settings.agent, self.index), log, self.settings.agent)
+        # vLLM: each probe session names its version in every request (the gate runs both versions' sessions at
+        # once, `RetrainParts.concurrent_probes`), whatever the shared client was last told to serve.
+        served = PinnedPolicy(policy, probe_version(self.settings, version).served) \
+            if self.settings.agent.policy_backend == "vllm" else policy
+        service = ResearchService(served, build_tools(self.settings.agent, self.index), log, self.settings.agent)
         options = probe_options(self.settings)
 
         async def probe(question: str, seed: int) -> Trajectory:

@@ -14,6 +14,7 @@ the reference alone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -139,18 +140,25 @@ def is_no_team_questions_reason(reason: str) -> bool:
 
 
 async def score_version(version: str, probe: Probe, judge: TrajectoryJudge, questions: Sequence[str],
-                        samples: int, seed: int) -> VersionScore:
-    """Run every probe question `samples` times and judge each question's runs as one group."""
+                        samples: int, seed: int, *, concurrent: bool = False) -> VersionScore:
+    """Run every probe question `samples` times and judge each question's runs as one group. `concurrent`: all the
+    runs at once (a server that batches them, `RetrainParts.concurrent_probes`), else one after another; the same
+    runs with the same seeds either way."""
     per_stage: dict[str, list[float]] = {s: [] for s in STAGES}
     totals: list[float] = []
-    failed = 0
+
+    async def attempt(question: str, run_seed: int) -> Trajectory | None:
+        try:
+            return await probe(question, run_seed)
+        except Exception:  # noqa: BLE001 - a failed probe run counts against the version, it does not stop the gate
+            return None
+
+    of_question = [qi for qi in range(len(questions)) for _ in range(samples)]
+    pending = [attempt(q, seed + 1000 * qi + k) for qi, q in enumerate(questions) for k in range(samples)]
+    done = list(await asyncio.gather(*pending)) if concurrent else [await run for run in pending]
+    failed = sum(1 for t in done if t is None)
     for qi, question in enumerate(questions):
-        trajs: list[Trajectory] = []
-        for k in range(samples):
-            try:
-                trajs.append(await probe(question, seed + 1000 * qi + k))
-            except Exception:  # noqa: BLE001 - a failed probe run counts against the version, it does not stop the gate
-                failed += 1
+        trajs = [t for i, t in zip(of_question, done, strict=True) if i == qi and t is not None]
         if not trajs:
             continue
         for j in await judge.judge_group(question, trajs):

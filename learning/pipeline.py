@@ -27,6 +27,7 @@ process leaves it running, and the next call resumes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import time
@@ -40,7 +41,7 @@ from learning.config import RetrainConfig
 from learning.errors import LearningError
 from learning.eval.heldout import heldout_ids, normalize_question
 from learning.evaluate import (GateReport, Probe, adapter_problem, decide, no_team_questions_reason,
-                               score_version, team_gate)
+                               VersionScore, score_version, team_gate)
 from learning.judge.pipeline import judge_pending
 from learning.judge.types import TrajectoryJudge
 from learning.swap_probe import SwapNotVerified
@@ -73,6 +74,10 @@ class RetrainParts:
     sleep: Callable[[], Awaitable[None]] | None = None  # one-GPU mode: free the GPU for training
     wake: Callable[[], Awaitable[None]] | None = None
     heldout: Mapping[str, str] = field(default_factory=dict)  # normalised held-out question -> id: never trained on
+    # The gate's probe sessions of different versions may run at once: each of them pins its version per request (an
+    # HTTP server such as vLLM, which batches them). An in-process engine holds one adapter at a time, so there they
+    # run one version after the other, as swapping adapters per request would only add swaps.
+    concurrent_probes: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,9 +203,7 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
         done = reg.finish_cycle(cycle.cycle_id, "rejected", numbers={"reason": reason})
         return CycleResult(done, candidate.name, None, f"{candidate.name} rejected: {reason}")
     with telemetry.phase_span("gate"):
-        gate = await _gate(parts, cfg, candidate, live, parts.probe_questions)
-        if team is not None:  # the team's own recent questions, then the global set as a no-regression check
-            gate = team_gate(await _gate(parts, cfg, candidate, live, own), gate)
+        gate = await _gate(parts, cfg, candidate, live, parts.probe_questions, own)
     reg.set_eval_report(candidate.name, gate.as_dict())
     cycle = reg.advance_cycle(cycle.cycle_id, "evaluated", numbers={
         "candidate_score": gate.candidate.total, "live_score": gate.live.total,
@@ -217,13 +220,29 @@ async def _run(parts: RetrainParts, cfg: RetrainConfig, cycle: Cycle, force: boo
 
 
 async def _gate(parts: RetrainParts, cfg: RetrainConfig, candidate: PolicyVersion, live: PolicyVersion,
-                questions: Sequence[str]) -> GateReport:
+                questions: Sequence[str], own: Sequence[str] = ()) -> GateReport:
+    """The candidate against live on the global probe set, and for a team (`own`: its recent questions) on those too
+    (`team_gate`). Each version's probe is made once (the candidate's under the swap probe). With
+    `parts.concurrent_probes` every probe session of both versions runs at once; otherwise each version's sessions
+    run right after its probe is made, since an in-process probe serves whatever version was made last. The same
+    runs with the same seeds either way."""
     seed = 20_261_123
-    scores = []
-    for version in (candidate, live):
+    sets = [questions, own] if own else [questions]
+
+    async def runs_of(version: PolicyVersion) -> list[Awaitable[VersionScore]]:
         probe = await parts.probe_for(version)
-        scores.append(await score_version(version.name, probe, parts.gate_judge, questions, cfg.probe_samples, seed))
-    return decide(scores[0], scores[1], cfg.tolerance, parts.gate_judge.model or parts.gate_judge.kind)
+        return [score_version(version.name, probe, parts.gate_judge, qs, cfg.probe_samples, seed,
+                              concurrent=parts.concurrent_probes) for qs in sets]
+
+    if parts.concurrent_probes:
+        runs = [*await runs_of(candidate), *await runs_of(live)]
+        scores = list(await asyncio.gather(*runs))
+    else:
+        scores = [await run for version in (candidate, live) for run in await runs_of(version)]
+    mine, theirs = scores[:len(sets)], scores[len(sets):]  # the candidate's per set, then live's
+    judge = parts.gate_judge.model or parts.gate_judge.kind
+    general = decide(mine[0], theirs[0], cfg.tolerance, judge)
+    return team_gate(decide(mine[1], theirs[1], cfg.tolerance, judge), general) if own else general
 
 
 def require_team_questions(team: str, log: SessionLog, sessions: Sequence[str], heldout: Mapping[str, str]) -> None:

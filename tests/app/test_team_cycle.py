@@ -244,3 +244,55 @@ def test_migration_0014_keeps_what_the_global_cycle_read_for_older_sessions(tmp_
     rows = dict(conn.execute("SELECT session_id, share_global FROM sessions").fetchall())
     conn.close()
     assert rows == {"s-bio": 1, "s-law": 0, "s-none": None}
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_the_gate_runs_each_versions_probe_sessions_in_turn_or_all_at_once(tmp_path: Path, concurrent: bool) -> None:
+    """A team's gate asks both question sets of both versions with each version's probe made once. One after
+    another (an in-process engine serves whichever version was made last): every session of the candidate ends
+    before live's probe is made. At once (`concurrent_probes`, vLLM pins each request): all eight sessions (two
+    samples of each question) are under way together. The decision is the same either way."""
+    from tests.judge.builders import trajectory
+
+    log = SessionLog(tmp_path / "log.sqlite3")
+    _people(log)
+    _asked(log, "ann@law.example", "What is tort law?")
+    events: list[str] = []
+    running = 0
+    most = 0
+
+    async def probe_for(version: PolicyVersion) -> Probe:
+        events.append(f"probe {version.name}")
+
+        async def probe(question: str, seed: int) -> object:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            await asyncio.sleep(0.05)  # a session's requests: the others may run meanwhile
+            running -= 1
+            events.append(f"ran {version.name}: {question}")
+            return trajectory(f"{version.name}-{seed}", question=question)
+
+        return probe  # type: ignore[return-value]
+
+    async def train(cycle: Cycle, questions: list[str], live: PolicyVersion) -> Path:
+        return Path(shutil.copytree(SHIPPED_SFT_ADAPTER, tmp_path / "trained"))
+
+    async def activate(new: PolicyVersion, old: PolicyVersion) -> None:
+        events.append(f"activate {new.name}")
+
+    parts = RetrainParts(log=log, registry=Registry(log), judge=OfflineJudge(log), gate_judge=OfflineJudge(None),
+                         train=train, probe_for=probe_for, activate=activate, adapters_dir=tmp_path / "adapters",
+                         probe_questions=PROBES, seed_questions=SEED, concurrent_probes=concurrent)
+    result = asyncio.run(retrain(parts, RetrainConfig(tolerance=1.0, probe_samples=2), team="law"))
+    assert result.gate is not None and result.gate.promote, result.message
+    assert "team questions:" in result.gate.reason  # gated on the team's own questions and the global set
+    candidate, live = result.candidate, "base"
+    assert [e for e in events if e.startswith("probe")] == [f"probe {candidate}", f"probe {live}"]
+    ran = [e for e in events if e.startswith("ran")]
+    assert len(ran) == 2 * (len(PROBES) + 1) * 2  # each version: the global set and the team's question, twice
+    if concurrent:
+        assert most == len(ran)
+    else:
+        assert most == 1
+        assert events.index(f"probe {live}") > max(i for i, e in enumerate(events) if e.startswith(f"ran {candidate}"))
