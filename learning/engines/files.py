@@ -1,5 +1,5 @@
-"""The file helpers every engine uses: a cross-process lock, keyed JSON records, a file's SHA-256, and folders only
-this user can change (`private_dir`: the llama.cpp build cache, its installed libraries and the GGUF LoRA cache).
+"""The file helpers every engine uses: a cross-process lock, keyed JSON records, the rows of a JSONL file that a kill
+may have torn, a file's SHA-256, and folders only this user can change (`private_dir`: the llama.cpp build cache, its installed libraries and the GGUF LoRA cache).
 
 One room for them (they were spread over `threads.py`, `gguf_lora.py`, `llamacpp_build.py` and `grpo.py`, the
 hash written three times). Standard library only: `llamacpp_build` runs during `make install`.
@@ -49,6 +49,22 @@ def store_keyed(path: Path, key: str, entry: object) -> None:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()  # gone after the replace; left only by a failed write
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file that runs append to as they go (a missing file: none). A line torn by a kill,
+    or still being written by another process, is skipped: its work is done again, never read half."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            out.append(row)
+    return out
 
 
 def hash_into(h: Any, fd: int) -> None:

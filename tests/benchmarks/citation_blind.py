@@ -107,6 +107,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agent.support import SUPPORT_MIN, decide  # noqa: E402
 from agent.vetoes import Veto  # noqa: E402
+from learning.engines.files import json_lines  # noqa: E402
 
 SEED = 64  # the issue's number: every shuffle here (pool, pair order, split, folds) starts from it
 DEFAULT_OUT = ROOT / "docs" / "citations" / "blind"
@@ -338,7 +339,7 @@ def excluded_questions(data: Path) -> frozenset[str]:
     for name in ("hotpotqa", "musique"):
         questions += [e.question for e in bench_spec(name).loader(TRAIN_SPLIT)]
         questions += [e.question for e in bench_spec(name).loader(data / "wiki_multihop_corpus")]
-    questions += [r["question"] for r in read_rows(CITATION_SESSIONS) if "question" in r]
+    questions += [r["question"] for r in json_lines(CITATION_SESSIONS) if "question" in r]
     return frozenset(normalize_question(q) for q in questions)
 
 
@@ -381,21 +382,6 @@ def question_pool(data: Path = SHARED_DATA, seed: int = SEED) -> list[Any]:
 
 
 # --- files ------------------------------------------------------------------------------------------------------------
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file the script wrote; a line torn by a kill is skipped (its question reruns)."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            out.append(row)
-    return out
 
 
 def append_row(path: Path, row: Mapping[str, Any]) -> None:
@@ -514,7 +500,7 @@ async def run_sessions(out: Path, n: int, data: Path) -> None:
     if n > len(pool):
         print(f"only {len(pool)} questions qualify; running those", file=sys.stderr)
     path = out / "sessions.jsonl"
-    done = {r["item"] for r in read_rows(path)}
+    done = {r["item"] for r in json_lines(path)}
     todo = [i for i in pool[:n] if i.id not in done]
     if not todo:
         return
@@ -552,7 +538,7 @@ def current_claims(out: Path) -> tuple[list[tuple[dict[str, Any], dict[str, Any]
     the check needs no new sessions), and counts of the sessions."""
     from store.embeddings import embed_texts
 
-    rows = read_rows(out / "sessions.jsonl")
+    rows = json_lines(out / "sessions.jsonl")
     ok = [r for r in rows if "error" not in r]
     found, unchecked = [], 0
     for r in ok:
@@ -641,7 +627,7 @@ def export(out: Path) -> dict[str, Any]:
     """Write to_label.jsonl, pairs_key.jsonl and LABELLING.md; ids already issued are kept."""
     claims, counts = current_claims(out)
     key_path = out / "pairs_key.jsonl"
-    previous = read_rows(key_path)
+    previous = json_lines(key_path)
     old = {(r["item"], r["claim"], r["passage_id"]): r["pair_id"] for r in previous}
     rows = pair_rows(claims, old)
     current = {r["pair_id"] for r in rows}
@@ -705,7 +691,7 @@ def figures_at(claims: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], t:
 def report(out: Path, chosen: Sequence[str] = (), folds: int = FOLDS) -> dict[str, Any]:
     """Read the sessions, the key and every labels file; write summary.json and summary.md."""
     claims, counts = current_claims(out)
-    key = {r["pair_id"]: (r["item"], r["claim"], r["passage_id"]) for r in read_rows(out / "pairs_key.jsonl")}
+    key = {r["pair_id"]: (r["item"], r["claim"], r["passage_id"]) for r in json_lines(out / "pairs_key.jsonl")}
     labels = read_labels(out)
     order = labeller_order(labels, chosen)
     by_pair = {name: {key[p]: v for p, v in labels[name].items() if p in key} for name in order}

@@ -70,6 +70,7 @@ from learning.eval import curve  # noqa: E402
 from learning.eval.datasets import bench_spec  # noqa: E402
 from learning.eval.heldout import FIGURES, HeldoutItem, load_heldout, session_figures  # noqa: E402
 from learning.grpo import run_options, train  # noqa: E402
+from learning.engines.files import json_lines  # noqa: E402,F401 - memory_study and training_dose import it from here
 from learning.engines.threads import cpu_model  # noqa: E402
 from learning.train_config import TrainConfig, load_config  # noqa: E402
 from store.records import STAGES  # noqa: E402
@@ -166,22 +167,6 @@ def worker_of(opts: CurveOptions, unit: Unit, workers: int) -> int:
 def sampling_seed(item_id: str, sample: int) -> int:
     """The seed of one held-out session: fixed per (question, sample) across runs and steps."""
     return zlib.crc32(f"{item_id}#{sample}".encode()) % (2**31 - 1)
-
-
-def json_lines(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file; a line torn by a kill (or still being written by the other worker) is
-    skipped."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            out.append(row)
-    return out
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
