@@ -476,12 +476,33 @@ def local_tools(small_index: object) -> dict[str, object]:
 VLLM_START_TIMEOUT_S = 420.0  # about 60 s on an idle 2-core machine; much longer beside other tests
 
 
+VLLM_CPU_BIND_ENV = "RUBRICEM_TEST_VLLM_CPU_BIND"
+
+
+def vllm_cpu_bind(workers: int | None = None) -> str:
+    """The cores the test suite's vLLM servers bind their OpenMP threads to (`VLLMServerSpec.cpu_bind`).
+
+    Under several xdist workers, one worker's share of the usable cores, the last ones (`worker_threads`): the other
+    worker keeps the rest busy, and a server bound to every core then waits at each of its OpenMP barriers for a
+    thread the other worker's process has descheduled. Measured 2026-12-08 on the 2-core Xeon, two vLLM-loop tests
+    with the server's start, beside a one-thread torch loop standing for the other worker, twice each, alternating:
+    bound to both cores 98.8 and 103.3 s, bound to the last one 89.0 and 86.3 s (`docs/tests.md`). In one process,
+    every core, as in production. RUBRICEM_TEST_VLLM_CPU_BIND (e.g. "1" or "all") overrides both."""
+    if os.environ.get(VLLM_CPU_BIND_ENV):
+        return os.environ[VLLM_CPU_BIND_ENV]
+    workers = xdist_workers() if workers is None else workers
+    if workers <= 1:
+        return "all"
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return ",".join(str(c) for c in cores[-worker_threads(len(cores), workers):])
+
+
 def start_real_vllm(model_dir: Path, log_dir: Path, **spec: object) -> object:
     """Start a real vLLM server (app.policy_server) on a free loopback port, or skip/fail the test when it is missing:
     fail under `make test` (RUBRICEM_TEST_REQUIRE_VLLM=1, CI), skip elsewhere, with the command that installs it."""
     from app.policy_server import LocalVLLMServer, VLLMNotInstalled, VLLMServerSpec, VLLMStartError, check_installed
 
-    base = VLLMServerSpec(model_dir=model_dir, port=free_port())
+    base = VLLMServerSpec(model_dir=model_dir, port=free_port(), cpu_bind=vllm_cpu_bind())
     server = LocalVLLMServer(VLLMServerSpec(**{**{f: getattr(base, f) for f in base.__slots__}, **spec}),
                              log_path=log_dir / "vllm.log")
     try:
@@ -522,7 +543,10 @@ def launch_shared_vllm(config: pytest.Config) -> None:
 
     try:
         model_dir = ensure_converted(MODEL_CACHE, bundled_gguf_path())
-        spec = VLLMServerSpec(model_dir=model_dir, port=free_port(), **SHARED_VLLM_SPEC)  # type: ignore[arg-type]
+        workers = config.option.numprocesses
+        spec = VLLMServerSpec(model_dir=model_dir, port=free_port(),
+                              cpu_bind=vllm_cpu_bind(workers if isinstance(workers, int) else None),
+                              **SHARED_VLLM_SPEC)  # type: ignore[arg-type]
         check_installed(spec.python)
     except Exception:  # noqa: BLE001 - the worker's fixture reports it with the install advice
         return

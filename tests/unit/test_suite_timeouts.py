@@ -22,6 +22,7 @@ from tests.conftest import (
     plain_nodeid,
     share_cpus_among_workers,
     timeout_for,
+    vllm_cpu_bind,
     worker_threads,
 )
 from tests.servers import PORT_BLOCK_SIZE, PORT_BLOCK_START, free_port, worker_index
@@ -188,6 +189,18 @@ def test_each_worker_gets_its_share_of_the_cpus_and_one_process_all_of_them(monk
     assert env == {name: str(worker_threads(available_cpus(), 2)) for name in THREAD_ENV}
     mine = {"OMP_NUM_THREADS": "3"}
     assert share_cpus_among_workers(mine) == 3 and mine["OMP_NUM_THREADS"] == "3"  # a count set by hand wins
+
+
+def test_a_test_vllm_binds_to_one_workers_share_of_the_cores_and_to_all_of_them_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RUBRICEM_TEST_VLLM_CPU_BIND", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    assert vllm_cpu_bind(1) == "all"  # one process: every core, as in production
+    assert vllm_cpu_bind(2) == "2,3" and vllm_cpu_bind(4) == "3"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    assert vllm_cpu_bind(2) == "1"
+    monkeypatch.setenv("RUBRICEM_TEST_VLLM_CPU_BIND", "all")
+    assert vllm_cpu_bind(2) == "all"  # set by hand: it wins
 
 
 def test_seconds_are_recorded_under_the_ids_seconds_tsv_lists() -> None:
