@@ -31,9 +31,10 @@ Steps (each a flag; they run in this order when combined):
     .venv/bin/python tests/benchmarks/citation_blind.py --report
     .venv/bin/python tests/benchmarks/citation_blind.py --smoke --out /tmp/blind-smoke
 
-Blindness: give a labeller `to_label.jsonl` and `LABELLING.md` only (copied out of this folder), and commit
-`pairs_key.jsonl` and `sessions.jsonl` only after both labellers are done: either would tell a labeller which passage
-was cited and what the check made of it.
+Blindness: a labeller gets the rows of `to_label.jsonl` and `LABELLING.md` only, handed over outside the repository,
+and never opens this folder: `pairs_key.jsonl` and `sessions.jsonl` would tell which passage was cited and what the
+check made of it. `sessions.jsonl` is committed as sessions accrue (a session's machine does not outlive it, and the
+runs take hours); `pairs_key.jsonl` once the labels are in.
 
 Which questions (`question_pool`): new held-out questions, none the project has trained or evaluated on.
 - Excluded, by question text after `normalize_question` (NFKC, case folding, whitespace collapsed): the 40
