@@ -153,12 +153,14 @@ async def score_version(version: str, probe: Probe, judge: TrajectoryJudge, ques
         except Exception:  # noqa: BLE001 - a failed probe run counts against the version, it does not stop the gate
             return None
 
-    of_question = [qi for qi in range(len(questions)) for _ in range(samples)]
-    pending = [attempt(q, seed + 1000 * qi + k) for qi, q in enumerate(questions) for k in range(samples)]
-    done = list(await asyncio.gather(*pending)) if concurrent else [await run for run in pending]
+    runs = [(qi, q, seed + 1000 * qi + k) for qi, q in enumerate(questions) for k in range(samples)]
+    if concurrent:
+        done = list(await asyncio.gather(*(attempt(q, s) for _, q, s in runs)))
+    else:
+        done = [await attempt(q, s) for _, q, s in runs]
     failed = sum(1 for t in done if t is None)
     for qi, question in enumerate(questions):
-        trajs = [t for i, t in zip(of_question, done, strict=True) if i == qi and t is not None]
+        trajs = [t for (i, _, _), t in zip(runs, done, strict=True) if i == qi and t is not None]
         if not trajs:
             continue
         for j in await judge.judge_group(question, trajs):
@@ -168,10 +170,10 @@ async def score_version(version: str, probe: Probe, judge: TrajectoryJudge, ques
             for s, v in zip(STAGES, values, strict=True):
                 per_stage[s].append(float(v))
             totals.append(sum(values) / len(values))
-    runs = len(totals) + failed
-    total = (sum(totals) / runs) if runs else 0.0  # a failed run scores 0
+    n_runs = len(totals) + failed
+    total = (sum(totals) / n_runs) if n_runs else 0.0  # a failed run scores 0
     stages = {s: round(sum(v) / len(v), 4) if v else 0.0 for s, v in per_stage.items()}
-    return VersionScore(version, stages, round(total, 4), runs, failed)
+    return VersionScore(version, stages, round(total, 4), n_runs, failed)
 
 
 def team_gate(own: GateReport, general: GateReport) -> GateReport:

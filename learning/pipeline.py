@@ -229,16 +229,18 @@ async def _gate(parts: RetrainParts, cfg: RetrainConfig, candidate: PolicyVersio
     seed = 20_261_123
     sets = [questions, own] if own else [questions]
 
-    async def runs_of(version: PolicyVersion) -> list[Awaitable[VersionScore]]:
-        probe = await parts.probe_for(version)
+    def runs(version: PolicyVersion, probe: Probe) -> list[Awaitable[VersionScore]]:
         return [score_version(version.name, probe, parts.gate_judge, qs, cfg.probe_samples, seed,
                               concurrent=parts.concurrent_probes) for qs in sets]
 
+    scores: list[VersionScore] = []
     if parts.concurrent_probes:
-        runs = [*await runs_of(candidate), *await runs_of(live)]
-        scores = list(await asyncio.gather(*runs))
+        probes = [(v, await parts.probe_for(v)) for v in (candidate, live)]
+        scores = list(await asyncio.gather(*(run for v, p in probes for run in runs(v, p))))
     else:
-        scores = [await run for version in (candidate, live) for run in await runs_of(version)]
+        for version in (candidate, live):
+            probe = await parts.probe_for(version)
+            scores += [await run for run in runs(version, probe)]
     mine, theirs = scores[:len(sets)], scores[len(sets):]  # the candidate's per set, then live's
     judge = parts.gate_judge.model or parts.gate_judge.kind
     general = decide(mine[0], theirs[0], cfg.tolerance, judge)

@@ -1,5 +1,6 @@
 """The file helpers every engine uses: a cross-process lock, keyed JSON records, the rows of a JSONL file that a kill
-may have torn, a file's SHA-256, and folders only this user can change (`private_dir`: the llama.cpp build cache, its installed libraries and the GGUF LoRA cache).
+may have torn, a file's SHA-256, and folders only this user can change (`private_dir`: the llama.cpp build cache,
+its installed libraries and the GGUF LoRA cache).
 
 One room for them (they were spread over `threads.py`, `gguf_lora.py`, `llamacpp_build.py` and `grpo.py`, the
 hash written three times). Standard library only: `llamacpp_build` runs during `make install`.
